@@ -1,0 +1,12 @@
+# Fails unless FILE contains a match for every regex in PATTERNS (a ;-list).
+if(NOT EXISTS ${FILE})
+  message(FATAL_ERROR "${FILE} does not exist: build first")
+endif()
+file(READ ${FILE} text)
+foreach(pattern IN LISTS PATTERNS)
+  string(REGEX MATCH "${pattern}" found "${text}")
+  if(found STREQUAL "")
+    message(FATAL_ERROR "no match for '${pattern}' in ${FILE}")
+  endif()
+  message(STATUS "found '${found}' for '${pattern}'")
+endforeach()

@@ -1,0 +1,39 @@
+# fa_add_stage(ID <folder> FACTORY <name> SOURCES <files...>)
+#
+# A stage folder holds its kernel source(s), ending in the stage's descriptor
+# `fa::StageDescriptor fa::stages::<FACTORY>()`, a README and a CMakeLists.txt that calls this.
+# It builds:
+#   fa_stage_<ID>   a library with the stage (linked by tests, the course and the C ABI)
+#   <ID>            the stage's executable (bin/<ID>), the shared command line of common/
+# and generates <fa_source_hash.h> with FA_SOURCE_HASH, the hash of design.md's results CSV,
+# recomputed at every build so a binary always reports the code it was built from.
+set(FA_SOURCE_HASH_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/SourceHash.cmake)
+set(FA_STAGE_MAIN_TEMPLATE ${CMAKE_CURRENT_LIST_DIR}/stage_main.cpp.in)
+
+function(fa_add_stage)
+  cmake_parse_arguments(PARSE_ARGV 0 ARG "" "ID;FACTORY" "SOURCES")
+  set(library fa_stage_${ARG_ID})
+  set(generated ${CMAKE_BINARY_DIR}/generated/${ARG_ID})
+
+  add_custom_target(${library}_hash
+    COMMAND ${CMAKE_COMMAND} -DROOT=${PROJECT_SOURCE_DIR} -DSTAGE=${ARG_ID} -DOUTPUT=${generated}/fa_source_hash.h
+            -P ${FA_SOURCE_HASH_SCRIPT}
+    BYPRODUCTS ${generated}/fa_source_hash.h
+    COMMENT "Source hash of ${ARG_ID}")
+
+  add_library(${library} STATIC ${ARG_SOURCES})
+  target_include_directories(${library} PRIVATE ${generated})
+  target_link_libraries(${library} PUBLIC fa_common)
+  set_target_properties(${library} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
+  add_dependencies(${library} ${library}_hash)
+  fa_target_warnings(${library})
+
+  set(FA_STAGE_FACTORY ${ARG_FACTORY})
+  configure_file(${FA_STAGE_MAIN_TEMPLATE} ${generated}/main.cpp @ONLY)
+  add_executable(${ARG_ID} ${generated}/main.cpp)
+  target_link_libraries(${ARG_ID} PRIVATE ${library} fa_stages_header)
+  fa_target_warnings(${ARG_ID})
+
+  set_property(GLOBAL APPEND PROPERTY FA_STAGE_IDS ${ARG_ID})
+  set_property(GLOBAL APPEND PROPERTY FA_STAGE_FACTORIES ${ARG_FACTORY})
+endfunction()

@@ -1,0 +1,38 @@
+// Deterministic inputs, conversion to the stage precisions, and the fixtures of design.md.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "fa/problem.hpp"
+#include "fa/stage.hpp"
+
+namespace fa {
+
+struct Inputs {
+  Shape shape;
+  std::vector<float> q, k, v;  // FP32 values; for FP16/BF16 stages already rounded to that type
+};
+
+// Uniform in [-1, 1), the same on every platform for a given seed.
+Inputs random_inputs(const Shape& shape, uint64_t seed);
+
+// Rounds every value to what `precision` can hold, so the reference sees what the kernel sees.
+void round_to_precision(Inputs& inputs, Precision precision);
+
+// Host-side conversion to and from the bytes a stage of `precision` takes and returns.
+std::vector<unsigned char> encode(const std::vector<float>& values, Precision precision);
+std::vector<float> decode(const std::vector<unsigned char>& bytes, Precision precision);
+
+// The N=4, D=2 walkthrough of design.md (tile size kWalkthroughTile).
+constexpr int64_t kWalkthroughTile = 2;
+Inputs walkthrough_inputs();
+
+// Every K/V tile of kWalkthroughTile rows carries a clearly visible share of every row's
+// weight, so a kernel that drops or double-counts a tile fails visibly.
+Inputs well_conditioned_inputs();
+
+// Logits of magnitude ~1e3: exp without the max subtraction overflows.
+Inputs large_logit_inputs(const Shape& shape, uint64_t seed);
+
+}  // namespace fa

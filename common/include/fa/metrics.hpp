@@ -1,0 +1,41 @@
+// Comparing an output with the reference. Any non-finite output fails on its own: a NaN must
+// never vanish inside a max.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fa/stage.hpp"
+
+namespace fa {
+
+struct ErrorReport {
+  double max_abs_err = 0.0;
+  int64_t max_abs_index = -1;  // element index into the compared values
+  double rel_l2_err = 0.0;
+  int64_t non_finite = 0;  // outputs that are NaN or infinite
+  int64_t first_non_finite = -1;
+  double tolerance = 0.0;
+  bool passed() const { return non_finite == 0 && max_abs_err <= tolerance; }
+  std::string summary() const;
+};
+
+// `actual` and `expected` hold the same elements in the same order.
+ErrorReport compare(const std::vector<float>& actual, const std::vector<double>& expected, double tolerance);
+
+// The largest error a correct stage of `precision` may show when max|V| is `max_abs_v` and the
+// scores are bounded by `logit_bound` (see logit_bound()).
+// FP32: accumulation-order rounding, far below 1e-4. FP16/BF16: P is rounded to the 16-bit
+// type before the PV product (relative error u = 2^-11 or 2^-8, so at most u·max|V| in O) and
+// O is rounded once more on the way out (another u·max|O| <= u·max|V|): 2u·max|V|, doubled for
+// safety against FP32 accumulation and fast exp.
+// Every stage computes scores in FP32, so a score s carries an error of a few FP32 units of
+// |s| (u32 = 2^-24), which moves each weight by that much relatively: 8·u32·max|s|·max|V| on
+// top. It matters only for large logits (1e3 gives 5e-4; ordinary inputs, 1e-6).
+double tolerance(Precision precision, double max_abs_v, double logit_bound = 0.0);
+
+// A bound on |Q·K / sqrt(D)|: max|Q|·max|K|·sqrt(D).
+double logit_bound(const std::vector<float>& q, const std::vector<float>& k, int64_t dim);
+
+}  // namespace fa

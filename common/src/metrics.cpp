@@ -1,0 +1,74 @@
+#include "fa/metrics.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+namespace fa {
+
+ErrorReport compare(const std::vector<float>& actual, const std::vector<double>& expected, double tolerance) {
+  ErrorReport report;
+  report.tolerance = tolerance;
+  double error_squares = 0.0;
+  double expected_squares = 0.0;
+  for (std::size_t i = 0; i < actual.size() && i < expected.size(); ++i) {
+    const double value = static_cast<double>(actual[i]);
+    if (!std::isfinite(value)) {
+      if (report.non_finite++ == 0) report.first_non_finite = static_cast<int64_t>(i);
+      continue;
+    }
+    const double error = std::fabs(value - expected[i]);
+    if (error > report.max_abs_err || report.max_abs_index < 0) {
+      report.max_abs_err = error;
+      report.max_abs_index = static_cast<int64_t>(i);
+    }
+    error_squares += error * error;
+    expected_squares += expected[i] * expected[i];
+  }
+  if (actual.size() != expected.size()) {
+    // A short output is as wrong as an unwritten one.
+    report.non_finite += static_cast<int64_t>(expected.size() > actual.size() ? expected.size() - actual.size()
+                                                                                : actual.size() - expected.size());
+  }
+  report.rel_l2_err = expected_squares > 0.0 ? std::sqrt(error_squares / expected_squares) : std::sqrt(error_squares);
+  if (report.non_finite > 0) {
+    report.max_abs_err = INFINITY;
+    report.rel_l2_err = INFINITY;
+  }
+  return report;
+}
+
+std::string ErrorReport::summary() const {
+  std::ostringstream text;
+  if (non_finite > 0) {
+    text << non_finite << " non-finite outputs (first at element " << first_non_finite << ")";
+  } else {
+    text << "max abs error " << max_abs_err << " at element " << max_abs_index << " (tolerance " << tolerance
+         << "), relative L2 error " << rel_l2_err;
+  }
+  return text.str();
+}
+
+double tolerance(Precision precision, double max_abs_v, double logit_bound) {
+  const double scale = max_abs_v > 0.0 ? max_abs_v : 1.0;
+  const double score_rounding = 8.0 * std::ldexp(1.0, -24) * logit_bound * scale;
+  switch (precision) {
+    case Precision::fp32:
+      return 1e-4 * scale + score_rounding;
+    case Precision::fp16:
+      return 4.0 * std::ldexp(1.0, -11) * scale + score_rounding;
+    case Precision::bf16:
+      return 4.0 * std::ldexp(1.0, -8) * scale + score_rounding;
+  }
+  return 0.0;
+}
+
+double logit_bound(const std::vector<float>& q, const std::vector<float>& k, int64_t dim) {
+  float max_q = 0.0f;
+  float max_k = 0.0f;
+  for (float value : q) max_q = std::max(max_q, std::fabs(value));
+  for (float value : k) max_k = std::max(max_k, std::fabs(value));
+  return static_cast<double>(max_q) * static_cast<double>(max_k) * std::sqrt(static_cast<double>(dim));
+}
+
+}  // namespace fa
