@@ -8,7 +8,9 @@
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
-  fa::ParseResult parsed = fa::parse_command_line("fa_course", 256, args);
+  fa::CommandLine defaults;
+  defaults.run.shape = fa::Shape{1, 8, 1024, 64};  // a second or two for the CPU stage
+  fa::ParseResult parsed = fa::parse_command_line("fa_course", 256, args, defaults);
   if (!parsed.ok) {
     (parsed.exit_code == fa::kExitOk ? std::cout : std::cerr) << parsed.message << "\n";
     return parsed.exit_code;

@@ -6,8 +6,10 @@
 
 namespace fa {
 
-ParseResult parse_command_line(const std::string& program, int64_t max_dim, const std::vector<std::string>& args) {
+ParseResult parse_command_line(const std::string& program, int64_t max_dim, const std::vector<std::string>& args,
+                               const CommandLine& defaults) {
   ParseResult result;
+  result.command_line = defaults;
   CommandLine& line = result.command_line;
   RunOptions& run = line.run;
 

@@ -21,7 +21,9 @@ struct ParseResult {
   CommandLine command_line;
 };
 
-// `max_dim` is the stage's largest head dim (checked here, so --dim 999 fails with a message).
-ParseResult parse_command_line(const std::string& program, int64_t max_dim, const std::vector<std::string>& args);
+// `max_dim` is the stage's largest head dim (checked here, so --dim 999 fails with a message);
+// `defaults` holds the values of options not given.
+ParseResult parse_command_line(const std::string& program, int64_t max_dim, const std::vector<std::string>& args,
+                               const CommandLine& defaults = CommandLine{});
 
 }  // namespace fa

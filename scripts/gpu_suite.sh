@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# The GPU suite, for a machine with a CUDA GPU (offline is fine: run scripts/offline_deps.sh
+# where there is a network and bring .deps along).
+#
+#   scripts/gpu_suite.sh OUTDIR [PHASE ...]
+#
+# Phases (default: all, in this order), each well inside ten minutes on an H100, each able to
+# run alone once `build` has run:
+#   build     Release build for the local GPU
+#   test      the whole ctest suite with FA_REQUIRE_GPU=1 (a skipped test is a failure)
+#   sanitize  compute-sanitizer memcheck, racecheck, synccheck, initcheck on every GPU stage
+#   bench     the seed shapes and the sequence-length sweeps -> OUTDIR/data/results.csv
+#   memory    one run per N = 2^10 .. 2^20 per GPU stage      -> OUTDIR/data/memory.csv
+#   torch     PyTorch's SDPA backends beside our stages        -> OUTDIR/data/torch.csv
+#   ceilings  SGEMM, FP16 tensor-core matmul, copy bandwidth   -> OUTDIR/data/ceilings.csv
+#   traffic   ncu DRAM and L2 bytes per stage                  -> OUTDIR/data/traffic.csv
+# Logs go to OUTDIR/logs, the machine and source hashes to OUTDIR/data/env.txt, and a short
+# summary (OUTDIR/summary.txt) is printed last.
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:?usage: gpu_suite.sh OUTDIR [PHASE ...]}
+shift
+phases=("$@")
+[ ${#phases[@]} -gt 0 ] || phases=(build test sanitize bench memory torch ceilings traffic)
+mkdir -p "$out/logs" "$out/data"
+out=$(cd "$out" && pwd)
+build="$repo/build-gpu"
+bin="$build/bin"
+summary="$out/summary.txt"
+: >>"$summary"
+
+note() { echo "$*" | tee -a "$summary"; }
+gpu_stages() { ls "$repo/stages" | grep -E '^(0[2-9]|[1-9][0-9])_' | while read -r s; do [ -x "$bin/$s" ] && echo "$s"; done; }
+
+write_env() {
+  {
+    echo "date: $(date -u +%FT%TZ)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | sed 's/^/gpu: /'
+    echo "cuda: $(nvcc --version | tail -n1)"
+    echo "tree source_hash: $("$repo/scripts/source_hash.sh" --tree)"
+    for stage in $(ls "$repo/stages" | grep -E '^[0-9][0-9]_'); do
+      echo "source_hash $stage: $("$repo/scripts/source_hash.sh" "$stage")"
+    done
+  } >"$out/data/env.txt"
+}
+
+phase_build() {
+  local prefix=()
+  [ -d "$repo/.deps/root/usr" ] && prefix=(-DCMAKE_PREFIX_PATH="$repo/.deps/root/usr")
+  cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${prefix[@]}" >"$out/logs/build.log" 2>&1 &&
+    cmake --build "$build" -j "$(nproc)" >>"$out/logs/build.log" 2>&1
+  local status=$?
+  grep -E 'warning|spill' "$out/logs/build.log" | grep -v '0 bytes spill' >"$out/logs/build-warnings.log"
+  note "build: $([ $status -eq 0 ] && echo ok || echo FAILED), $(wc -l <"$out/logs/build-warnings.log") warning lines"
+  write_env
+  return $status
+}
+
+phase_test() {
+  (cd "$build" && FA_REQUIRE_GPU=1 ctest -j 8 --output-on-failure --timeout 300) >"$out/logs/test.log" 2>&1
+  local status=$?
+  note "test: $(grep -E 'tests passed' "$out/logs/test.log" | tail -n1); skipped: $(grep -c '\*\*\*Skipped' "$out/logs/test.log")"
+  grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|Not Run|Skipped)\)' "$out/logs/test.log" | sed 's/^/  /' | tee -a "$summary"
+  return $status
+}
+
+phase_sanitize() {
+  local failures=0 runs=0
+  for stage in $(gpu_stages); do
+    for tool in memcheck racecheck synccheck initcheck; do
+      for shape in "--batch 2 --heads 1 --seq 150 --dim 72" "--batch 1 --heads 2 --seq 70 --dim 128"; do
+        runs=$((runs + 1))
+        # shellcheck disable=SC2086
+        if ! compute-sanitizer --tool "$tool" --error-exitcode 1 "$bin/$stage" $shape --warmup 0 --reps 1 \
+          >>"$out/logs/sanitize.log" 2>&1; then
+          failures=$((failures + 1))
+          note "  sanitize FAILED: $tool $stage $shape"
+        fi
+      done
+    done
+    runs=$((runs + 1))
+    compute-sanitizer --tool memcheck --error-exitcode 1 "$bin/$stage" --walkthrough >>"$out/logs/sanitize.log" 2>&1 ||
+      { failures=$((failures + 1)); note "  sanitize FAILED: memcheck $stage --walkthrough"; }
+  done
+  note "sanitize: $runs runs, $failures failed"
+  [ $failures -eq 0 ]
+}
+
+# One stage at one shape, appended to a CSV; a big problem gets fewer repetitions.
+run_point() {
+  local csv=$1 stage=$2 b=$3 h=$4 n=$5 d=$6 reps=10 warmup=3
+  if [ $((b * h * n * n / 1000000 * d)) -gt 500000 ]; then reps=3 warmup=1; fi
+  "$bin/$stage" --batch "$b" --heads "$h" --seq "$n" --dim "$d" --warmup $warmup --reps $reps --check-rows 64 \
+    --csv "$csv" >>"$out/logs/bench.log" 2>&1
+}
+
+phase_bench() {
+  local csv="$out/data/results.csv" failed=0
+  rm -f "$csv"
+  for stage in $(gpu_stages); do
+    for n in 512 1024 2048 4096 8192 16384; do run_point "$csv" "$stage" $((16384 / n)) 16 $n 128 || failed=$((failed + 1)); done
+    run_point "$csv" "$stage" 1 64 1024 128 || failed=$((failed + 1))
+    run_point "$csv" "$stage" 2 64 4096 128 || failed=$((failed + 1))
+    run_point "$csv" "$stage" 4 64 8192 128 || failed=$((failed + 1))
+    for d in 64 128; do
+      for e in 10 11 12 13 14 15 16 17; do run_point "$csv" "$stage" 1 1 $((1 << e)) $d || failed=$((failed + 1)); done
+    done
+  done
+  for d in 64 128; do for n in 256 512 1024; do run_point "$csv" 01_cpu 1 1 $n $d || failed=$((failed + 1)); done; done
+  note "bench: $(($(wc -l <"$csv") - 1)) rows, $failed runs not ok (oom rows are expected for 02 at large N)"
+  python3 "$repo/scripts/summarize_results.py" "$csv" | tee -a "$summary"
+}
+
+phase_memory() {
+  local csv="$out/data/memory.csv"
+  rm -f "$csv"
+  for stage in $(gpu_stages); do
+    for e in $(seq 10 20); do
+      "$bin/$stage" --batch 1 --heads 1 --seq $((1 << e)) --dim 128 --warmup 0 --reps 1 --check-rows 8 --csv "$csv" \
+        >>"$out/logs/memory.log" 2>&1
+    done
+  done
+  note "memory: $(grep -c ',ok,' "$csv") ok rows, $(grep -c ',oom,' "$csv") oom rows, $(grep -c ',error,' "$csv") error rows"
+}
+
+phase_torch() {
+  python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --shapes seed001 seed004 \
+    --out "$out/data/torch.csv" >"$out/logs/torch.log" 2>&1
+  local status=$?
+  note "torch: $([ $status -eq 0 ] && echo ok || echo FAILED) ($(($(wc -l <"$out/data/torch.csv" 2>/dev/null || echo 1) - 1)) rows)"
+  return $status
+}
+
+phase_ceilings() {
+  python3 "$repo/scripts/ceilings.py" --out "$out/data/ceilings.csv" >"$out/logs/ceilings.log" 2>&1
+  local status=$?
+  note "ceilings: $([ $status -eq 0 ] && echo ok || echo FAILED)"
+  sed 's/^/  /' "$out/data/ceilings.csv" 2>/dev/null | tee -a "$summary"
+  return $status
+}
+
+phase_traffic() {
+  python3 "$repo/scripts/traffic.py" --bin "$bin" --out "$out/data/traffic.csv" >"$out/logs/traffic.log" 2>&1
+  local status=$?
+  note "traffic: $([ $status -eq 0 ] && echo ok || echo FAILED)"
+  return $status
+}
+
+overall=0
+for phase in "${phases[@]}"; do
+  start=$(date +%s)
+  "phase_$phase" || overall=1
+  note "  ($phase took $(($(date +%s) - start)) s)"
+done
+echo
+echo "==== summary ($out/summary.txt) ===="
+cat "$summary"
+exit $overall
