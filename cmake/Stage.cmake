@@ -7,6 +7,11 @@
 #   <ID>            the stage's executable (bin/<ID>), the shared command line of common/
 # and generates <fa_source_hash.h> with FA_SOURCE_HASH, the hash of design.md's results CSV,
 # recomputed at every build so a binary always reports the code it was built from.
+#
+# With FA_EXERCISE naming the stage (04, 04_online_softmax, or "all"), the stage is built from
+# the student copy in exercises/<ID>/ (made by scripts/make_exercise) instead of the solution.
+set(FA_EXERCISE "" CACHE STRING "Stages built from the student copy in exercises/ (e.g. 04 or 04_online_softmax; all)")
+set(FA_EXERCISE_DIR ${PROJECT_SOURCE_DIR}/exercises CACHE PATH "Where the student copies live")
 set(FA_SOURCE_HASH_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/SourceHash.cmake)
 set(FA_STAGE_MAIN_TEMPLATE ${CMAKE_CURRENT_LIST_DIR}/stage_main.cpp.in)
 
@@ -21,8 +26,21 @@ function(fa_add_stage)
     BYPRODUCTS ${generated}/fa_source_hash.h
     COMMENT "Source hash of ${ARG_ID}")
 
+  set(source_dir ${CMAKE_CURRENT_SOURCE_DIR})
+  string(SUBSTRING ${ARG_ID} 0 2 number)
+  if(FA_EXERCISE STREQUAL "all" OR ARG_ID IN_LIST FA_EXERCISE OR number IN_LIST FA_EXERCISE)
+    set(source_dir ${FA_EXERCISE_DIR}/${ARG_ID})
+    if(NOT EXISTS ${source_dir})
+      message(FATAL_ERROR "FA_EXERCISE=${FA_EXERCISE}: there is no student copy in ${source_dir}; "
+                          "make it with: scripts/make_exercise ${number}")
+    endif()
+    message(STATUS "${ARG_ID}: building the student copy in ${source_dir}")
+  endif()
+  list(TRANSFORM ARG_SOURCES PREPEND ${source_dir}/)
+  set_property(GLOBAL PROPERTY FA_STAGE_SOURCE_DIR_${ARG_ID} ${source_dir})
+
   add_library(${library} STATIC ${ARG_SOURCES})
-  target_include_directories(${library} PRIVATE ${generated})
+  target_include_directories(${library} PRIVATE ${generated} ${source_dir})
   target_link_libraries(${library} PUBLIC fa_common)
   set_target_properties(${library} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
   add_dependencies(${library} ${library}_hash)

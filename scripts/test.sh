@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The tests: finds or installs what they need, configures, builds, and runs the whole suite
-# (ctest, then every notebook headless). Without a CUDA device the GPU tests report Skipped;
-# with FA_REQUIRE_GPU=1 they fail instead.
+# The tests: finds or installs what they need, configures, builds, and runs the whole suite:
+# ctest, the exercise mechanism, then every notebook headless. Without a CUDA device the GPU
+# tests report Skipped; with FA_REQUIRE_GPU=1 they fail instead.
 set -euo pipefail
 source "$(dirname "$0")/lib/setup.sh"
 
@@ -12,4 +12,5 @@ ensure_venv
 preset=${FA_PRESET:-$(choose_preset)}
 configure_and_build "$preset"
 ctest --preset "$preset" -j "$(nproc)"
+"$repo_root/scripts/check_exercises.sh"
 "$repo_root/.venv/bin/python" "$repo_root/scripts/run_notebooks.py"

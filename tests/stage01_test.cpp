@@ -32,6 +32,30 @@ TEST_CASE("stage01: tiled algorithm matches the reference on the shape table") {
   check_tiled(fa::random_inputs(shape, static_cast<uint64_t>(n * 1000 + d)), 7, 5);
 }
 
+TEST_CASE("stage01: causal masking matches the reference") {
+  // N not a multiple of the tiles, N smaller than a tile, and row 0 whose only key is itself.
+  for (const fa::Shape base : {fa::Shape{2, 2, 37, 16}, fa::Shape{1, 3, 5, 8}, fa::Shape{1, 1, 1, 4}}) {
+    fa::Shape shape = base;
+    shape.causal = true;
+    const int64_t tile = GENERATE(1, 4, 16);
+    check_tiled(fa::random_inputs(shape, static_cast<uint64_t>(shape.seq)), tile, tile + 3);
+  }
+}
+
+TEST_CASE("stage01: causal per-tile trace matches the exact trace") {
+  fa::Inputs inputs = fa::well_conditioned_inputs();
+  inputs.shape.causal = true;
+  const fa::TileTrace exact = fa::reference_trace(inputs, fa::kWalkthroughTile);
+  fa::TileTrace actual;
+  REQUIRE(fa::stages::cpu_tiled().trace(inputs.shape, inputs.q.data(), inputs.k.data(), inputs.v.data(),
+                                        fa::kWalkthroughTile, actual) == cudaSuccess);
+  REQUIRE(actual.m.size() == exact.m.size());
+  for (std::size_t i = 0; i < exact.m.size(); ++i) {
+    CHECK(actual.m[i] == Approx(exact.m[i]).epsilon(1e-6).margin(1e-6));
+    CHECK(actual.l[i] == Approx(exact.l[i]).epsilon(1e-6));
+  }
+}
+
 TEST_CASE("stage01: any tile sizes give the same answer") {
   const fa::Inputs inputs = fa::random_inputs(fa::Shape{1, 2, 50, 24}, 4);
   const int64_t br = GENERATE(1, 3, 16, 64);

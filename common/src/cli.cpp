@@ -20,6 +20,7 @@ ParseResult parse_command_line(const std::string& program, int64_t max_dim, cons
   app.add_option("--heads,-H", run.shape.heads, "heads H")->capture_default_str()->check(CLI::Range(int64_t{1}, kMaxBatchHeads));
   app.add_option("--seq,-n", run.shape.seq, "sequence length N")->capture_default_str()->check(CLI::Range(int64_t{1}, kMaxSeq));
   app.add_option("--dim,-d", run.shape.dim, "head dim D")->capture_default_str()->check(CLI::Range(int64_t{1}, max_dim));
+  app.add_flag("--causal", run.shape.causal, "causal masking: query i attends to keys 0..i");
   app.add_option("--seed", run.seed, "seed of the random inputs")->capture_default_str();
   app.add_option("--warmup", run.warmup, "untimed runs before timing")->capture_default_str()->check(CLI::Range(0, 1000));
   app.add_option("--reps", run.reps, "timed runs (the median and min are reported)")->capture_default_str()->check(CLI::Range(0, 100000));

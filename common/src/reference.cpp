@@ -20,6 +20,10 @@ HeadView head_of(const Inputs& inputs, int64_t head) {
   return {inputs.q.data() + offset, inputs.k.data() + offset, inputs.v.data() + offset};
 }
 
+// Of the first `keys` keys, how many query i sees: all of them, or with causal masking only
+// keys 0..i (query i sees itself and the past).
+int64_t visible_keys(const Shape& shape, int64_t i, int64_t keys) { return shape.causal ? std::min(keys, i + 1) : keys; }
+
 // Scores of query `i` against keys [0, keys), written to `scores`.
 void row_scores(const Shape& shape, const HeadView& head, int64_t i, int64_t keys, std::vector<double>& scores) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(shape.dim));
@@ -60,7 +64,8 @@ std::vector<double> reference_rows(const Inputs& inputs, const std::vector<int64
     const int64_t row = rows[static_cast<std::size_t>(r)];
     double m = 0.0;
     double l = 0.0;
-    softmax_row(shape, head_of(inputs, row / shape.seq), row % shape.seq, shape.seq, m, l,
+    const int64_t i = row % shape.seq;
+    softmax_row(shape, head_of(inputs, row / shape.seq), i, visible_keys(shape, i, shape.seq), m, l,
                 out.data() + r * shape.dim);
   }
   return out;
@@ -96,7 +101,8 @@ TileTrace reference_trace(const Inputs& inputs, int64_t tile) {
   for (int64_t t = 0; t < trace.tiles; ++t) {
     const int64_t keys = std::min(shape.seq, (t + 1) * tile);
     for (int64_t row = 0; row < trace.rows; ++row) {
-      softmax_row(shape, head_of(inputs, row / shape.seq), row % shape.seq, keys, trace.m_at(t, row),
+      const int64_t i = row % shape.seq;
+      softmax_row(shape, head_of(inputs, row / shape.seq), i, visible_keys(shape, i, keys), trace.m_at(t, row),
                   trace.l_at(t, row), &trace.o_at(t, row, 0));
     }
   }

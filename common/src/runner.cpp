@@ -108,6 +108,9 @@ RunOutcome run_stage_on(const StageDescriptor& stage, Inputs inputs, const RunOp
   if (const std::string why = validate_shape(shape, stage.max_dim); !why.empty()) {
     return refuse(shape.dim > stage.max_dim ? "unsupported" : "error", why, kExitBadInput);
   }
+  if (shape.causal && !stage.supports_causal) {
+    return refuse("unsupported", std::string("stage ") + stage.id + " has no causal masking yet", kExitBadInput);
+  }
   if (const std::string why = stage_unavailable_reason(stage, device); !why.empty()) {
     return refuse("unsupported", why, kExitNoDevice);
   }

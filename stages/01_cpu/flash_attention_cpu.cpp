@@ -50,9 +50,16 @@ void query_tile_attention(const Shape& shape, const float* q, const float* k, co
   TileState state(rows, dim);
   std::vector<float> scores(static_cast<std::size_t>(key_tile));
 
-  for (int64_t j0 = 0, tile_index = 0; j0 < shape.seq; j0 += key_tile, ++tile_index) {
-    const int64_t keys = std::min(key_tile, shape.seq - j0);  // the last tile may be partial
+  // With causal masking query i sees keys 0..i only, so K/V tiles that start after the query
+  // tile's last row are skipped outright: about half the work.
+  const int64_t key_end = shape.causal ? std::min(shape.seq, i0 + rows) : shape.seq;
+  int64_t tile_index = 0;
+  for (int64_t j0 = 0; j0 < key_end; j0 += key_tile, ++tile_index) {
     for (int64_t r = 0; r < rows; ++r) {
+      // The last tile may be partial; on the diagonal a causal row sees only the keys up to itself.
+      const int64_t tile_keys = std::min(key_tile, shape.seq - j0);
+      const int64_t keys = shape.causal ? std::min(tile_keys, i0 + r - j0 + 1) : tile_keys;
+      if (keys <= 0) continue;  // this row's keys all lie in earlier tiles
       const float* query = q + (i0 + r) * dim;
       float* acc = &state.acc[static_cast<std::size_t>(r * dim)];
       float& m = state.m[static_cast<std::size_t>(r)];
@@ -84,6 +91,8 @@ void query_tile_attention(const Shape& shape, const float* q, const float* k, co
     }
     if (trace != nullptr) record(*trace, state, tile_index, trace_row, rows, dim);
   }
+  // Tiles skipped by causal masking change nothing: the trace repeats the final state.
+  for (; trace != nullptr && tile_index < trace->tiles; ++tile_index) record(*trace, state, tile_index, trace_row, rows, dim);
 
   // Normalize once at the end: O = acc / l.
   for (int64_t r = 0; r < rows; ++r) {
@@ -155,6 +164,7 @@ StageDescriptor cpu_tiled() {
   stage.forward = &forward;
   stage.max_dim = kMaxDim;
   stage.trace = &trace;
+  stage.supports_causal = true;
   stage.source_hash = FA_SOURCE_HASH;
   return stage;
 }

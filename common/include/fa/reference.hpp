@@ -9,7 +9,8 @@
 
 namespace fa {
 
-// O for the chosen rows (indices (b·H + h)·N + i), as rows.size() × D doubles.
+// O for the chosen rows (indices (b·H + h)·N + i), as rows.size() × D doubles. With
+// shape.causal, query i attends to keys 0..i only.
 std::vector<double> reference_rows(const Inputs& inputs, const std::vector<int64_t>& rows);
 
 // Every row.

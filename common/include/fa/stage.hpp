@@ -58,6 +58,7 @@ struct StageDescriptor {
   int64_t max_dim = 128;
   int min_compute_capability = 0;  // e.g. 80 for sm_80; 0 for the CPU stage
   TraceFn trace = nullptr;         // null: the stage cannot report per-tile state
+  bool supports_causal = false;    // false: the runner refuses shapes with causal set
   const char* source_hash = "";    // hash of stages/<id> and common/ (see design.md)
 };
 
