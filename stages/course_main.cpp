@@ -20,9 +20,9 @@ int main(int argc, char** argv) {
     const fa::DeviceInfo device = fa::query_device();
     std::cout << "FlashAttention from scratch: every stage on the same inputs (" << fa::describe(line.run.shape)
               << ", seed " << line.run.seed << ")\n";
-    std::cout << (device.present ? "GPU: " + device.name
-                                 : "No CUDA GPU here (" + device.reason +
-                                       "): the CPU stage runs; the GPU stages need a CUDA GPU.")
+    std::cout << (device.present
+                      ? "GPU: " + device.name
+                      : "No CUDA GPU here (" + device.reason + "): the CPU stage runs; the GPU stages need a CUDA GPU.")
               << "\n\n";
 
     std::vector<fa::ResultRow> rows;

@@ -1,10 +1,27 @@
 // The test runner's main, for Catch2 v2 and v3 alike.
-#if __has_include(<catch2/catch_session.hpp>)
+#include <type_traits>
+
+#ifdef FA_CATCH2_V3
 #include <catch2/catch_session.hpp>
 #else
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #endif
+
+namespace {
+
+// "No test matched the filter" is WarnAbout::NoTests in Catch2 v2 and early v3, and
+// WarnAbout::UnmatchedTestSpec in later v3.
+template <typename Warn, typename = void>
+struct NoTestsWarning {
+  static constexpr auto value = Warn::UnmatchedTestSpec;
+};
+template <typename Warn>
+struct NoTestsWarning<Warn, std::void_t<decltype(Warn::NoTests)>> {
+  static constexpr auto value = Warn::NoTests;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   Catch::Session session;
@@ -14,6 +31,6 @@ int main(int argc, char** argv) {
   // command line, so both are set here.)
   Catch::ConfigData& config = session.configData();
   config.warnings = static_cast<Catch::WarnAbout::What>(config.warnings | Catch::WarnAbout::NoAssertions |
-                                                        Catch::WarnAbout::NoTests);
+                                                        NoTestsWarning<Catch::WarnAbout>::value);
   return session.run();
 }

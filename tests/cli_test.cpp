@@ -1,9 +1,10 @@
 // The shared command line: good values parse, bad ones give one line and a non-zero code.
+#include "fa/cli.hpp"
+
 #include <string>
 #include <vector>
 
 #include "catch_compat.hpp"
-#include "fa/cli.hpp"
 
 namespace {
 

@@ -69,7 +69,8 @@ TEST_CASE("common: 16-bit encoding round-trips rounded values exactly") {
     fa::Inputs rounded = inputs;
     fa::round_to_precision(rounded, precision);
     CHECK(fa::decode(fa::encode(rounded.q, precision), precision) == rounded.q);
-    CHECK(fa::encode(rounded.q, precision).size() == rounded.q.size() * static_cast<std::size_t>(fa::precision_bytes(precision)));
+    CHECK(fa::encode(rounded.q, precision).size() ==
+          rounded.q.size() * static_cast<std::size_t>(fa::precision_bytes(precision)));
   }
   fa::Inputs half = inputs;
   fa::round_to_precision(half, fa::Precision::fp16);

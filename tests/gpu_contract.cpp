@@ -58,7 +58,7 @@ std::vector<Shape> contract_shapes(const StageDescriptor& stage) {
   // full tiles plus a partial one for every tile size up to 128). D: odd, small, and the
   // largest the stage takes.
   const std::vector<Shape> candidates = {
-      {1, 1, 1, 1},   {2, 3, 3, 2},   {1, 2, 17, 3},  {2, 1, 100, 16}, {1, 2, 517, 64},
+      {1, 1, 1, 1},    {2, 3, 3, 2},     {1, 2, 17, 3},   {2, 1, 100, 16},  {1, 2, 517, 64},
       {2, 2, 257, 80}, {1, 1, 517, 128}, {3, 1, 65, 100}, {1, 2, 200, 256}, {1, 1, 130, 129},
   };
   std::vector<Shape> shapes;

@@ -40,15 +40,13 @@ void contract_poison(const StageDescriptor& stage);
 
 }  // namespace fa::test
 
-#define FA_GPU_STAGE_CONTRACT(prefix, factory)                                                 \
-  TEST_CASE(prefix ": matches the reference on the shape table") {                             \
-    fa::test::contract_shape_table(factory());                                                 \
-  }                                                                                            \
-  TEST_CASE(prefix ": reproduces the N=4 walkthrough") { fa::test::contract_walkthrough(factory()); } \
-  TEST_CASE(prefix ": every K/V tile counts (well-conditioned fixture)") {                     \
-    fa::test::contract_well_conditioned(factory());                                            \
-  }                                                                                            \
-  TEST_CASE(prefix ": logits of magnitude 1e3 stay finite and correct") {                      \
-    fa::test::contract_large_logits(factory());                                                \
-  }                                                                                            \
+#define FA_GPU_STAGE_CONTRACT(prefix, factory)                                                                  \
+  TEST_CASE(prefix ": matches the reference on the shape table") { fa::test::contract_shape_table(factory()); } \
+  TEST_CASE(prefix ": reproduces the N=4 walkthrough") { fa::test::contract_walkthrough(factory()); }           \
+  TEST_CASE(prefix ": every K/V tile counts (well-conditioned fixture)") {                                      \
+    fa::test::contract_well_conditioned(factory());                                                             \
+  }                                                                                                             \
+  TEST_CASE(prefix ": logits of magnitude 1e3 stay finite and correct") {                                       \
+    fa::test::contract_large_logits(factory());                                                                 \
+  }                                                                                                             \
   TEST_CASE(prefix ": writes every output element (NaN poison)") { fa::test::contract_poison(factory()); }

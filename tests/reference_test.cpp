@@ -1,12 +1,13 @@
 // The reference is what every stage is judged by, so it is tested against properties of
 // attention that hold whatever the implementation.
+#include "fa/reference.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
 #include "catch_compat.hpp"
 #include "fa/inputs.hpp"
-#include "fa/reference.hpp"
 
 namespace {
 
@@ -31,12 +32,14 @@ TEST_CASE("common: reference softmax rows sum to 1 and reproduce O") {
   for (int64_t head = 0; head < shape.heads_total(); ++head) {
     const std::vector<double> scores = fa::reference_scores(inputs, head);
     for (int64_t i = 0; i < shape.seq; ++i) {
-      const std::vector<double> p = softmax(scores, static_cast<std::size_t>(i * shape.seq), static_cast<std::size_t>(shape.seq));
+      const std::vector<double> p =
+          softmax(scores, static_cast<std::size_t>(i * shape.seq), static_cast<std::size_t>(shape.seq));
       CHECK(std::accumulate(p.begin(), p.end(), 0.0) == Approx(1.0).epsilon(1e-12));
       for (int64_t d = 0; d < shape.dim; ++d) {
         double expected = 0.0;
         for (int64_t j = 0; j < shape.seq; ++j) {
-          expected += p[static_cast<std::size_t>(j)] * inputs.v[static_cast<std::size_t>((head * shape.seq + j) * shape.dim + d)];
+          expected += p[static_cast<std::size_t>(j)] *
+                      inputs.v[static_cast<std::size_t>((head * shape.seq + j) * shape.dim + d)];
         }
         CHECK(out[static_cast<std::size_t>((head * shape.seq + i) * shape.dim + d)] == Approx(expected).epsilon(1e-12));
       }
@@ -47,7 +50,8 @@ TEST_CASE("common: reference softmax rows sum to 1 and reproduce O") {
 TEST_CASE("common: reference gives v when every V row is v") {
   fa::Inputs inputs = small_inputs();
   const int64_t dim = inputs.shape.dim;
-  for (std::size_t i = 0; i < inputs.v.size(); ++i) inputs.v[i] = 0.25f * static_cast<float>(i % static_cast<std::size_t>(dim)) - 0.5f;
+  for (std::size_t i = 0; i < inputs.v.size(); ++i)
+    inputs.v[i] = 0.25f * static_cast<float>(i % static_cast<std::size_t>(dim)) - 0.5f;
   const std::vector<double> out = fa::reference_attention(inputs);
   for (std::size_t i = 0; i < out.size(); ++i) {
     CHECK(out[i] == Approx(0.25 * static_cast<double>(i % static_cast<std::size_t>(dim)) - 0.5).margin(1e-12));
@@ -66,7 +70,8 @@ TEST_CASE("common: reference is unchanged when keys are permuted with their valu
     for (int64_t j = 0; j < shape.seq; ++j) {
       for (int64_t d = 0; d < shape.dim; ++d) {
         const auto to = static_cast<std::size_t>((head * shape.seq + j) * shape.dim + d);
-        const auto from = static_cast<std::size_t>((head * shape.seq + order[static_cast<std::size_t>(j)]) * shape.dim + d);
+        const auto from =
+            static_cast<std::size_t>((head * shape.seq + order[static_cast<std::size_t>(j)]) * shape.dim + d);
         permuted.k[to] = inputs.k[from];
         permuted.v[to] = inputs.v[from];
       }
@@ -152,7 +157,8 @@ TEST_CASE("common: the walkthrough trace is computed and not typed in") {
   // The final tile's state is the full attention.
   const std::vector<double> out = fa::reference_attention(inputs);
   for (int64_t r = 0; r < 4; ++r) {
-    for (int64_t d = 0; d < 2; ++d) CHECK(trace.o_at(1, r, d) == Approx(out[static_cast<std::size_t>(r * 2 + d)]).epsilon(1e-14));
+    for (int64_t d = 0; d < 2; ++d)
+      CHECK(trace.o_at(1, r, d) == Approx(out[static_cast<std::size_t>(r * 2 + d)]).epsilon(1e-14));
   }
 }
 
@@ -162,10 +168,12 @@ TEST_CASE("common: every K/V tile of the well-conditioned fixture carries visibl
   for (int64_t head = 0; head < shape.heads_total(); ++head) {
     const std::vector<double> scores = fa::reference_scores(inputs, head);
     for (int64_t i = 0; i < shape.seq; ++i) {
-      const std::vector<double> p = softmax(scores, static_cast<std::size_t>(i * shape.seq), static_cast<std::size_t>(shape.seq));
+      const std::vector<double> p =
+          softmax(scores, static_cast<std::size_t>(i * shape.seq), static_cast<std::size_t>(shape.seq));
       for (int64_t j0 = 0; j0 < shape.seq; j0 += fa::kWalkthroughTile) {
         double share = 0.0;
-        for (int64_t j = j0; j < std::min(shape.seq, j0 + fa::kWalkthroughTile); ++j) share += p[static_cast<std::size_t>(j)];
+        for (int64_t j = j0; j < std::min(shape.seq, j0 + fa::kWalkthroughTile); ++j)
+          share += p[static_cast<std::size_t>(j)];
         CHECK(share > 0.1);  // even the one-key partial tile
       }
     }

@@ -15,7 +15,8 @@ void check_tiled(const fa::Inputs& inputs, int64_t query_tile, int64_t key_tile)
   std::vector<float> out(inputs.q.size(), NAN);
   fa::cpu::flash_attention(inputs.shape, inputs.q.data(), inputs.k.data(), inputs.v.data(), out.data(), query_tile,
                            key_tile);
-  const double tolerance = fa::tolerance(fa::Precision::fp32, 1.0, fa::logit_bound(inputs.q, inputs.k, inputs.shape.dim));
+  const double tolerance =
+      fa::tolerance(fa::Precision::fp32, 1.0, fa::logit_bound(inputs.q, inputs.k, inputs.shape.dim));
   const fa::ErrorReport errors = fa::compare(out, fa::reference_attention(inputs), tolerance);
   INFO(fa::describe(inputs.shape) << " Br=" << query_tile << " Bc=" << key_tile << ": " << errors.summary());
   CHECK(errors.passed());
@@ -111,7 +112,8 @@ TEST_CASE("stage01: a dropped K/V tile is caught by the well-conditioned fixture
   double largest_change = 0.0;
   for (int64_t r = 0; r < exact.rows; ++r) {
     for (int64_t d = 0; d < exact.dim; ++d) {
-      largest_change = std::max(largest_change, std::fabs(exact.o_at(exact.tiles - 1, r, d) - exact.o_at(exact.tiles - 2, r, d)));
+      largest_change =
+          std::max(largest_change, std::fabs(exact.o_at(exact.tiles - 1, r, d) - exact.o_at(exact.tiles - 2, r, d)));
     }
   }
   CHECK(largest_change > 10 * fa::tolerance(fa::Precision::fp16, 1.0));

@@ -1,7 +1,6 @@
 #include "fa/cli.hpp"
 
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 
 namespace fa {
@@ -13,22 +12,36 @@ ParseResult parse_command_line(const std::string& program, int64_t max_dim, cons
   CommandLine& line = result.command_line;
   RunOptions& run = line.run;
 
-  CLI::App app{"Runs one stage of the FlashAttention course on random inputs: checks it against the CPU reference "
-               "and times it.",
-               program};
-  app.add_option("--batch,-b", run.shape.batch, "batch size B")->capture_default_str()->check(CLI::Range(int64_t{1}, kMaxBatchHeads));
-  app.add_option("--heads,-H", run.shape.heads, "heads H")->capture_default_str()->check(CLI::Range(int64_t{1}, kMaxBatchHeads));
-  app.add_option("--seq,-n", run.shape.seq, "sequence length N")->capture_default_str()->check(CLI::Range(int64_t{1}, kMaxSeq));
-  app.add_option("--dim,-d", run.shape.dim, "head dim D")->capture_default_str()->check(CLI::Range(int64_t{1}, max_dim));
+  CLI::App app{
+      "Runs one stage of the FlashAttention course on random inputs: checks it against the CPU reference "
+      "and times it.",
+      program};
+  app.add_option("--batch,-b", run.shape.batch, "batch size B")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, kMaxBatchHeads));
+  app.add_option("--heads,-H", run.shape.heads, "heads H")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, kMaxBatchHeads));
+  app.add_option("--seq,-n", run.shape.seq, "sequence length N")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, kMaxSeq));
+  app.add_option("--dim,-d", run.shape.dim, "head dim D")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, max_dim));
   app.add_flag("--causal", run.shape.causal, "causal masking: query i attends to keys 0..i");
   app.add_option("--seed", run.seed, "seed of the random inputs")->capture_default_str();
-  app.add_option("--warmup", run.warmup, "untimed runs before timing")->capture_default_str()->check(CLI::Range(0, 1000));
-  app.add_option("--reps", run.reps, "timed runs (the median and min are reported)")->capture_default_str()->check(CLI::Range(0, 100000));
+  app.add_option("--warmup", run.warmup, "untimed runs before timing")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  app.add_option("--reps", run.reps, "timed runs (the median and min are reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
   app.add_flag("--check,!--no-check", run.check, "compare with the double CPU reference")->capture_default_str();
   app.add_option("--check-rows", run.check_rows, "query rows compared (all when there are fewer)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  app.add_flag("--walkthrough", line.walkthrough, "run the N=4 walkthrough fixture and print it beside the exact values");
+  app.add_flag("--walkthrough", line.walkthrough,
+               "run the N=4 walkthrough fixture and print it beside the exact values");
   app.add_option("--csv", line.csv_path, "append the result row to this CSV file (design.md schema)");
 
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 consumes from the back

@@ -28,7 +28,7 @@ ErrorReport compare(const std::vector<float>& actual, const std::vector<double>&
   if (actual.size() != expected.size()) {
     // A short output is as wrong as an unwritten one.
     report.non_finite += static_cast<int64_t>(expected.size() > actual.size() ? expected.size() - actual.size()
-                                                                                : actual.size() - expected.size());
+                                                                              : actual.size() - expected.size());
   }
   report.rel_l2_err = expected_squares > 0.0 ? std::sqrt(error_squares / expected_squares) : std::sqrt(error_squares);
   if (report.non_finite > 0) {

@@ -22,8 +22,7 @@ std::string validate_shape(const Shape& shape, int64_t max_dim) {
     why << "head dim must be at least 1 (got " << shape.dim << ")";
   } else if (shape.dim > max_dim) {
     why << "head dim " << shape.dim << " is beyond this stage's largest, " << max_dim;
-  } else if (shape.batch > kMaxBatchHeads || shape.heads > kMaxBatchHeads ||
-             shape.heads_total() > kMaxBatchHeads) {
+  } else if (shape.batch > kMaxBatchHeads || shape.heads > kMaxBatchHeads || shape.heads_total() > kMaxBatchHeads) {
     why << "batch·heads " << shape.batch << "·" << shape.heads << " is beyond the limit " << kMaxBatchHeads;
   } else if (shape.seq > kMaxSeq) {
     why << "sequence length " << shape.seq << " is beyond the limit " << kMaxSeq;

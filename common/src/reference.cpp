@@ -22,7 +22,9 @@ HeadView head_of(const Inputs& inputs, int64_t head) {
 
 // Of the first `keys` keys, how many query i sees: all of them, or with causal masking only
 // keys 0..i (query i sees itself and the past).
-int64_t visible_keys(const Shape& shape, int64_t i, int64_t keys) { return shape.causal ? std::min(keys, i + 1) : keys; }
+int64_t visible_keys(const Shape& shape, int64_t i, int64_t keys) {
+  return shape.causal ? std::min(keys, i + 1) : keys;
+}
 
 // Scores of query `i` against keys [0, keys), written to `scores`.
 void row_scores(const Shape& shape, const HeadView& head, int64_t i, int64_t keys, std::vector<double>& scores) {
@@ -38,8 +40,7 @@ void row_scores(const Shape& shape, const HeadView& head, int64_t i, int64_t key
 }
 
 // Softmax over the first `keys` keys of row i: max m, sum l, and O = Σ p_j v_j / l.
-void softmax_row(const Shape& shape, const HeadView& head, int64_t i, int64_t keys, double& m, double& l,
-                 double* out) {
+void softmax_row(const Shape& shape, const HeadView& head, int64_t i, int64_t keys, double& m, double& l, double* out) {
   std::vector<double> scores;
   row_scores(shape, head, i, keys, scores);
   m = *std::max_element(scores.begin(), scores.end());

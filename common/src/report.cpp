@@ -36,9 +36,8 @@ std::string field(const std::string& text) {
 
 const std::vector<std::string>& csv_header() {
   static const std::vector<std::string> header = {
-      "stage",     "gpu",         "B",          "H",      "N",           "D",   "dtype", "causal", "ms_median",
-      "ms_min",    "tflops",      "gbps",       "peak_bytes", "max_abs_err", "rel_l2_err", "status", "source_hash",
-      "note"};
+      "stage",  "gpu",    "B",    "H",          "N",           "D",          "dtype",  "causal",      "ms_median",
+      "ms_min", "tflops", "gbps", "peak_bytes", "max_abs_err", "rel_l2_err", "status", "source_hash", "note"};
   return header;
 }
 
@@ -97,15 +96,16 @@ void print_table(std::ostream& out, const std::vector<ResultRow>& rows, bool wit
   out << std::left << std::setw(20) << "stage" << std::right << std::setw(6) << "dtype" << std::setw(12) << "ms"
       << std::setw(10) << "TFLOP/s" << std::setw(10) << "GB/s";
   if (with_speedup) out << std::setw(10) << "speed-up";
-  out << std::setw(12) << "peak mem" << std::setw(12) << "max err" << "  status\n";
+  out << std::setw(12) << "peak mem" << std::setw(12) << "max err"
+      << "  status\n";
   for (const ResultRow& row : rows) {
     const bool ran = row.status == "ok";
     out << std::left << std::setw(20) << row.stage << std::right << std::setw(6) << row.dtype << std::setw(12)
-        << (ran ? fixed(row.ms_median, 3) : "-") << std::setw(10) << (ran ? fixed(row.tflops, 2) : "-")
-        << std::setw(10) << (ran ? fixed(row.gbps, 1) : "-");
+        << (ran ? fixed(row.ms_median, 3) : "-") << std::setw(10) << (ran ? fixed(row.tflops, 2) : "-") << std::setw(10)
+        << (ran ? fixed(row.gbps, 1) : "-");
     if (with_speedup) out << std::setw(10) << (ran && row.speedup > 0.0 ? fixed(row.speedup, 2) + "x" : "-");
-    out << std::setw(12) << format_bytes(row.peak_bytes) << std::setw(12)
-        << (ran ? number(row.max_abs_err, 2) : "-") << "  " << row.status;
+    out << std::setw(12) << format_bytes(row.peak_bytes) << std::setw(12) << (ran ? number(row.max_abs_err, 2) : "-")
+        << "  " << row.status;
     if (!row.note.empty()) out << " (" << row.note << ")";
     out << "\n";
   }

@@ -143,8 +143,9 @@ RunOutcome run_stage_on(const StageDescriptor& stage, Inputs inputs, const RunOp
     if (options.check) {
       const std::vector<int64_t> rows = rows_to_check(shape, options.check_rows, options.seed);
       const std::vector<double> expected = reference_rows(inputs, rows);
-      outcome.errors = compare(gather_rows(output, rows, shape.dim), expected,
-                               tolerance(stage.precision, max_abs(inputs.v), logit_bound(inputs.q, inputs.k, shape.dim)));
+      outcome.errors =
+          compare(gather_rows(output, rows, shape.dim), expected,
+                  tolerance(stage.precision, max_abs(inputs.v), logit_bound(inputs.q, inputs.k, shape.dim)));
       outcome.checked = true;
       row.max_abs_err = outcome.errors.max_abs_err;
       row.rel_l2_err = outcome.errors.rel_l2_err;
@@ -163,8 +164,8 @@ RunOutcome run_stage_on(const StageDescriptor& stage, Inputs inputs, const RunOp
       row.ms_median = timing.ms_median;
       row.ms_min = timing.ms_min;
       row.tflops = attention_flops(shape) / (timing.ms_median * 1e-3) / 1e12;
-      row.gbps = static_cast<double>(minimum_bytes(shape, precision_bytes(stage.precision))) /
-                 (timing.ms_median * 1e-3) / 1e9;
+      row.gbps =
+          static_cast<double>(minimum_bytes(shape, precision_bytes(stage.precision))) / (timing.ms_median * 1e-3) / 1e9;
     }
   } catch (const CudaError& error) {
     if (is_out_of_memory(error.code())) {
@@ -188,8 +189,8 @@ int stage_main(const StageDescriptor& stage, int argc, char** argv) {
   const CommandLine& line = parsed.command_line;
   try {
     if (line.walkthrough) return run_walkthrough(stage, std::cout);
-    std::cout << stage.id << ": " << stage.title << "\n" << describe(line.run.shape) << ", seed " << line.run.seed
-              << "\n\n";
+    std::cout << stage.id << ": " << stage.title << "\n"
+              << describe(line.run.shape) << ", seed " << line.run.seed << "\n\n";
     RunOutcome outcome = run_stage(stage, line.run);
     print_table(std::cout, {outcome.row}, false);
     if (!line.csv_path.empty()) append_csv(line.csv_path, {outcome.row});

@@ -15,8 +15,7 @@ Timing summarize(std::vector<double> samples) {
   if (samples.empty()) return {};
   std::sort(samples.begin(), samples.end());
   const std::size_t middle = samples.size() / 2;
-  const double median =
-      samples.size() % 2 == 1 ? samples[middle] : 0.5 * (samples[middle - 1] + samples[middle]);
+  const double median = samples.size() % 2 == 1 ? samples[middle] : 0.5 * (samples[middle - 1] + samples[middle]);
   return {median, samples.front()};
 }
 

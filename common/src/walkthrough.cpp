@@ -23,8 +23,8 @@ bool print_trace(std::ostream& out, const TileTrace& want, const TileTrace& actu
   bool agree = actual.tiles == exact.tiles && actual.rows == exact.rows && actual.dim == exact.dim;
   if (!agree) out << "\nthe stage's trace has the wrong size\n";
   for (int64_t t = 0; agree && t < exact.tiles; ++t) {
-    out << "\nafter K/V tile " << t << " (keys " << t * exact.tile << ".."
-        << std::min((t + 1) * exact.tile, seq) - 1 << "):\n";
+    out << "\nafter K/V tile " << t << " (keys " << t * exact.tile << ".." << std::min((t + 1) * exact.tile, seq) - 1
+        << "):\n";
     for (int64_t r = 0; r < exact.rows; ++r) {
       const bool row_ok = close(actual.m_at(t, r), want.m_at(t, r), tolerance * std::fabs(want.m_at(t, r)) + 1e-6) &&
                           close(actual.l_at(t, r), want.l_at(t, r), tolerance * want.l_at(t, r) + 1e-6);
@@ -67,8 +67,8 @@ int run_walkthrough(const StageDescriptor& stage, std::ostream& out) {
   bool agree = true;
   if (stage.trace != nullptr) {
     TileTrace actual;
-    const cudaError_t status = stage.trace(shape, inputs.q.data(), inputs.k.data(), inputs.v.data(),
-                                           kWalkthroughTile, actual);
+    const cudaError_t status =
+        stage.trace(shape, inputs.q.data(), inputs.k.data(), inputs.v.data(), kWalkthroughTile, actual);
     if (status != cudaSuccess) {
       out << "the stage's trace failed: " << cudaGetErrorString(status) << "\n";
       return kExitError;
@@ -107,8 +107,9 @@ int run_walkthrough(const StageDescriptor& stage, std::ostream& out) {
     out << "\n";
   }
   agree = agree && outcome.errors.passed();
-  out << "\n" << (agree ? "the stage agrees with the exact values" : "the stage DISAGREES with the exact values")
-      << " (" << outcome.errors.summary() << ")\n";
+  out << "\n"
+      << (agree ? "the stage agrees with the exact values" : "the stage DISAGREES with the exact values") << " ("
+      << outcome.errors.summary() << ")\n";
   return agree ? kExitOk : kExitWrong;
 }
 

@@ -65,7 +65,7 @@ void query_tile_attention(const Shape& shape, const float* q, const float* k, co
       float& m = state.m[static_cast<std::size_t>(r)];
       float& l = state.l[static_cast<std::size_t>(r)];
 
-      // EXERCISE BEGIN: scores of this K tile, the new running max, then rescale l and acc by exp(m - m_new) before adding this tile's exp(s - m_new) and exp(s - m_new)·v
+      // EXERCISE BEGIN: scores, new running max m_new, rescale l and acc by exp(m - m_new), add the tile
       // Scores of this row against the tile's keys, and the tile's largest score.
       float tile_max = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < keys; ++j) {
@@ -92,7 +92,8 @@ void query_tile_attention(const Shape& shape, const float* q, const float* k, co
     if (trace != nullptr) record(*trace, state, tile_index, trace_row, rows, dim);
   }
   // Tiles skipped by causal masking change nothing: the trace repeats the final state.
-  for (; trace != nullptr && tile_index < trace->tiles; ++tile_index) record(*trace, state, tile_index, trace_row, rows, dim);
+  for (; trace != nullptr && tile_index < trace->tiles; ++tile_index)
+    record(*trace, state, tile_index, trace_row, rows, dim);
 
   // Normalize once at the end: O = acc / l.
   for (int64_t r = 0; r < rows; ++r) {
@@ -104,8 +105,8 @@ void query_tile_attention(const Shape& shape, const float* q, const float* k, co
 
 }  // namespace
 
-void flash_attention(const Shape& shape, const float* q, const float* k, const float* v, float* o,
-                     int64_t query_tile, int64_t key_tile, TileTrace* trace) {
+void flash_attention(const Shape& shape, const float* q, const float* k, const float* v, float* o, int64_t query_tile,
+                     int64_t key_tile, TileTrace* trace) {
   const int64_t query_tiles = (shape.seq + query_tile - 1) / query_tile;
   if (trace != nullptr) {
     trace->tile = key_tile;
@@ -140,13 +141,12 @@ constexpr int64_t kMaxDim = 256;
 
 cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void*, cudaStream_t) {
   if (!validate_shape(shape, kMaxDim).empty()) return cudaErrorInvalidValue;
-  cpu::flash_attention(shape, static_cast<const float*>(q), static_cast<const float*>(k),
-                       static_cast<const float*>(v), static_cast<float*>(o), kQueryTile, kKeyTile);
+  cpu::flash_attention(shape, static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
+                       static_cast<float*>(o), kQueryTile, kKeyTile);
   return cudaSuccess;
 }
 
-cudaError_t trace(const Shape& shape, const float* q, const float* k, const float* v, int64_t tile,
-                  TileTrace& out) {
+cudaError_t trace(const Shape& shape, const float* q, const float* k, const float* v, int64_t tile, TileTrace& out) {
   if (!validate_shape(shape, kMaxDim).empty() || tile < 1) return cudaErrorInvalidValue;
   std::vector<float> o(static_cast<std::size_t>(shape.elements()));
   cpu::flash_attention(shape, q, k, v, o.data(), tile, tile, &out);

@@ -9,7 +9,7 @@ namespace fa::cpu {
 // meet key/value tiles of `key_tile` rows (Bc) and never more; the softmax is made exact by a
 // running max m and running sum l per row. With `trace`, records m, l and O / l after every
 // K/V tile (the walkthrough fixture).
-void flash_attention(const Shape& shape, const float* q, const float* k, const float* v, float* o,
-                     int64_t query_tile, int64_t key_tile, TileTrace* trace = nullptr);
+void flash_attention(const Shape& shape, const float* q, const float* k, const float* v, float* o, int64_t query_tile,
+                     int64_t key_tile, TileTrace* trace = nullptr);
 
 }  // namespace fa::cpu

@@ -22,16 +22,16 @@ class CudaError : public std::runtime_error {
 
 }  // namespace fa
 
-#define FA_CUDA_CHECK(expression)                                                     \
-  do {                                                                                \
-    const cudaError_t fa_status_ = (expression);                                      \
+#define FA_CUDA_CHECK(expression)                                                                     \
+  do {                                                                                                \
+    const cudaError_t fa_status_ = (expression);                                                      \
     if (fa_status_ != cudaSuccess) fa::throw_cuda_error(fa_status_, #expression, __FILE__, __LINE__); \
   } while (0)
 
-#define FA_CUDA_TRY(expression)                          \
-  do {                                                   \
-    const cudaError_t fa_status_ = (expression);         \
-    if (fa_status_ != cudaSuccess) return fa_status_;    \
+#define FA_CUDA_TRY(expression)                       \
+  do {                                                \
+    const cudaError_t fa_status_ = (expression);      \
+    if (fa_status_ != cudaSuccess) return fa_status_; \
   } while (0)
 
 // After a <<<...>>> launch: a bad configuration is reported here, not at the next sync.

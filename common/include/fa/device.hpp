@@ -8,11 +8,11 @@ namespace fa {
 
 struct DeviceInfo {
   bool present = false;
-  std::string name;             // "NVIDIA H100 80GB HBM3"; "cpu" when there is no GPU
-  int compute_capability = 0;   // 90 for sm_90
+  std::string name;            // "NVIDIA H100 80GB HBM3"; "cpu" when there is no GPU
+  int compute_capability = 0;  // 90 for sm_90
   int multiprocessors = 0;
   int64_t shared_memory_per_block_optin = 0;
-  std::string reason;           // why no device, when !present
+  std::string reason;  // why no device, when !present
 };
 
 DeviceInfo query_device();

@@ -36,7 +36,9 @@ class DeviceBuffer {
   }
   std::size_t bytes() const { return bytes_; }
 
-  void upload(const void* host, std::size_t bytes) { FA_CUDA_CHECK(cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice)); }
+  void upload(const void* host, std::size_t bytes) {
+    FA_CUDA_CHECK(cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice));
+  }
   void download(void* host, std::size_t bytes) const {
     FA_CUDA_CHECK(cudaMemcpy(host, data_, bytes, cudaMemcpyDeviceToHost));
   }

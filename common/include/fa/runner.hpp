@@ -16,11 +16,11 @@ namespace fa {
 
 enum ExitCode : int {
   kExitOk = 0,
-  kExitWrong = 1,      // the output did not match the reference
-  kExitBadInput = 2,   // sizes out of range, unsupported head dim, bad flags
-  kExitOom = 3,        // the problem does not fit in the device's memory
-  kExitNoDevice = 4,   // no CUDA device, or one too old for the stage
-  kExitError = 5,      // a CUDA error while running
+  kExitWrong = 1,     // the output did not match the reference
+  kExitBadInput = 2,  // sizes out of range, unsupported head dim, bad flags
+  kExitOom = 3,       // the problem does not fit in the device's memory
+  kExitNoDevice = 4,  // no CUDA device, or one too old for the stage
+  kExitError = 5,     // a CUDA error while running
 };
 
 struct RunOptions {

@@ -1,0 +1,162 @@
+// Stage 02: attention as a direct CUDA translation of its definition, three kernels in a row:
+//
+//   1. S = Q K^T · scale   one thread per score, written to an N × N matrix per head in global memory
+//   2. P = softmax(S)      one block per row of S, in place
+//   3. O = P V             one thread per output element
+//
+// Every kernel is correct and simple, and the whole is slow for one reason: S. It holds
+// B·H·N² floats (4.3 GB at B=4, H=16, N=4096), is written once, read and rewritten by the
+// softmax and read once more by the third kernel, so the memory it needs grows with N² and runs
+// out long before the inputs do. And no thread reuses anything it loads: every multiply-add of
+// kernels 1 and 3 loads both of its operands from memory. The later stages remove both costs.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "fa/cuda_check.hpp"
+#include "fa/problem.hpp"
+#include "fa/stage.hpp"
+#include "fa_source_hash.h"
+
+namespace fa::stages {
+namespace {
+
+constexpr int64_t kMaxDim = 256;
+constexpr int kThreads = 256;          // per block, every kernel
+constexpr int kWarps = kThreads / 32;  // the softmax kernel reduces over its warps
+// grid.x can hold 2^31 - 1 blocks; capping it lower and striding over the rest keeps any B·H·N·N
+// (which passes 2^31 at realistic sizes) inside the limits with 64-bit indices.
+constexpr int64_t kMaxBlocks = int64_t{1} << 24;
+
+int64_t blocks_for(int64_t work_items, int64_t items_per_block) {
+  return std::min((work_items + items_per_block - 1) / items_per_block, kMaxBlocks);
+}
+
+// Kernel 1: S[head][i][j] = (q_i · k_j) · scale. Neighbouring threads take neighbouring keys j of
+// the same query i, so their writes to S are contiguous; their reads of k_j are D floats apart.
+__global__ void scores_kernel(const float* q, const float* k, float* scores, int64_t seq, int dim, float scale,
+                              int64_t total_scores) {
+  for (int64_t index = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; index < total_scores;
+       index += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t key = index % seq;
+    const int64_t query_row = index / seq;  // (head · N + i): the row of Q, and of S
+    const int64_t head = query_row / seq;
+    const float* query = q + query_row * dim;
+    const float* key_row = k + (head * seq + key) * dim;
+    float dot = 0.0f;
+    for (int d = 0; d < dim; ++d) dot += query[d] * key_row[d];
+    scores[index] = dot * scale;
+  }
+}
+
+// The row softmax needs two reductions over a row (its max, then its sum) that all the block's
+// threads must see: each warp reduces with shuffles, then every thread combines the warps' results.
+template <typename Combine>
+__device__ float block_reduce(float value, Combine combine) {
+  __shared__ float warp_results[kWarps];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) value = combine(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  __syncthreads();  // every thread has read the previous reduction's results
+  if (threadIdx.x % 32 == 0) warp_results[threadIdx.x / 32] = value;
+  __syncthreads();
+  float result = warp_results[0];
+#pragma unroll
+  for (int warp = 1; warp < kWarps; ++warp) result = combine(result, warp_results[warp]);
+  return result;
+}
+
+__device__ float block_max(float value) {
+  return block_reduce(value, [](float a, float b) { return fmaxf(a, b); });
+}
+
+__device__ float block_sum(float value) {
+  return block_reduce(value, [](float a, float b) { return a + b; });
+}
+
+// Kernel 2: each row of S becomes softmax(row), in place. One block per row: its threads stride
+// over the row, so any N works, and with one row per block few rows are in flight at a time (a few
+// MB at N = 4096), so the second and third sweeps below find the row in cache: DRAM sees S read
+// about once and written once here.
+__global__ void softmax_rows_kernel(float* scores, int64_t seq, int64_t rows) {
+  for (int64_t row_index = blockIdx.x; row_index < rows; row_index += gridDim.x) {
+    // EXERCISE BEGIN: the row max (block_max), the sum of exp(s - max) (block_sum), then write exp(s - max) / sum
+    float* row = scores + row_index * seq;
+    // Subtracting the row max first makes every exponent <= 0: exp cannot overflow, however large the
+    // scores, and the result is unchanged because the factor exp(-max) cancels in the quotient.
+    float thread_max = -INFINITY;
+    for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) thread_max = fmaxf(thread_max, row[j]);
+    const float row_max = block_max(thread_max);
+
+    float thread_sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) thread_sum += expf(row[j] - row_max);
+    const float inverse_sum = 1.0f / block_sum(thread_sum);
+
+    for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) row[j] = expf(row[j] - row_max) * inverse_sum;
+    // EXERCISE END
+  }
+}
+
+// Kernel 3: O[head][i][d] = sum_j P[head][i][j] · V[head][j][d]. Neighbouring threads take
+// neighbouring d: their reads of V are contiguous, and they all read the same P element.
+__global__ void output_kernel(const float* probabilities, const float* v, float* o, int64_t seq, int dim,
+                              int64_t total_outputs) {
+  for (int64_t index = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; index < total_outputs;
+       index += int64_t{gridDim.x} * blockDim.x) {
+    const int d = static_cast<int>(index % dim);
+    const int64_t query_row = index / dim;
+    const int64_t head = query_row / seq;
+    const float* p_row = probabilities + query_row * seq;
+    const float* v_column = v + head * seq * dim + d;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < seq; ++j) sum += p_row[j] * v_column[j * dim];
+    o[index] = sum;
+  }
+}
+
+// S as B·H·N·N floats, in 64 bits: at (4, 16, 4096, 128) that is 4.3 GB, past 2^31 and 2^32.
+// Within the harness's limits (B·H·N·D <= 2^36, N <= 2^24) it stays below 2^62.
+int64_t workspace_bytes(const Shape& shape) {
+  return shape.heads_total() * shape.seq * shape.seq * static_cast<int64_t>(sizeof(float));
+}
+
+cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void* workspace,
+                    cudaStream_t stream) {
+  if (!validate_shape(shape, kMaxDim).empty() || shape.causal || workspace == nullptr) return cudaErrorInvalidValue;
+  const int dim = static_cast<int>(shape.dim);
+  float* scores = static_cast<float*>(workspace);
+  const int64_t total_scores = shape.heads_total() * shape.seq * shape.seq;
+
+  scores_kernel<<<blocks_for(total_scores, kThreads), kThreads, 0, stream>>>(
+      static_cast<const float*>(q), static_cast<const float*>(k), scores, shape.seq, dim, softmax_scale(shape),
+      total_scores);
+  FA_LAUNCH_TRY();
+
+  softmax_rows_kernel<<<blocks_for(shape.rows(), 1), kThreads, 0, stream>>>(scores, shape.seq, shape.rows());
+  FA_LAUNCH_TRY();
+
+  output_kernel<<<blocks_for(shape.elements(), kThreads), kThreads, 0, stream>>>(
+      scores, static_cast<const float*>(v), static_cast<float*>(o), shape.seq, dim, shape.elements());
+  FA_LAUNCH_TRY();
+  return cudaSuccess;
+}
+
+}  // namespace
+
+StageDescriptor naive_gpu() {
+  StageDescriptor stage;
+  stage.id = "02_naive_gpu";
+  stage.title = "Direct CUDA translation: S = QK^T, softmax and PV as three kernels, S in global memory";
+  stage.backend = Backend::cuda;
+  stage.precision = Precision::fp32;
+  stage.forward = &forward;
+  stage.workspace_bytes = &workspace_bytes;
+  stage.max_dim = kMaxDim;
+  stage.min_compute_capability = 75;
+  stage.trace = nullptr;
+  stage.source_hash = FA_SOURCE_HASH;
+  return stage;
+}
+
+}  // namespace fa::stages

@@ -1,0 +1,264 @@
+// Stage 03: one fused kernel with shared-memory tiles; the softmax by recomputation.
+//
+// Stage 02 wrote the N × N scores to global memory and read them back twice. Here nothing N × N
+// exists: a block keeps its query rows' q in registers and streams the head's keys and values
+// through shared memory, a tile at a time, so every K and V element loaded from global memory is
+// reused by all the block's rows. The price is the softmax. A weight exp(s - max) / sum needs the
+// row's max and sum over all N keys before any output can be accumulated, and only a tile of
+// scores exists at a time, so the kernel sweeps the keys three times, recomputing the scores each
+// time:
+//   1. the row max;
+//   2. the row sum of exp(s - max);
+//   3. the output, sum over keys of exp(s - max) / sum · v.
+// Q K^T is computed three times and P V once: twice the arithmetic of two matrix products.
+// Stage 04 needs one sweep.
+//
+// The work layout: a block owns kBlockRows query rows of one head; kThreadsPerRow threads share
+// a row, each holding kDimsPerThread of its head dims (d = slice, slice + kThreadsPerRow, ...) of
+// q and of the output in registers; keys and values stream through shared memory kBlockKeys rows
+// at a time.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "fa/cuda_check.hpp"
+#include "fa/problem.hpp"
+#include "fa/stage.hpp"
+#include "fa_source_hash.h"
+
+namespace fa::stages {
+namespace {
+
+constexpr int64_t kMaxDim = 256;
+constexpr int kKeysPerTile = 32;       // Bc: keys (and values) per shared-memory tile
+constexpr int kDimsPerThread = 16;     // head dims of q and of the output each thread keeps in registers
+constexpr int kThreadsPerBlock = 256;  // for the timed runs, whatever the head dim
+constexpr int64_t kMaxGridY = 65535;
+
+// The compiled head dims. A smaller D runs in the next one up with its extra dims zero, which
+// changes no dot product.
+int head_dim_bucket(int64_t dim) { return dim <= 32 ? 32 : dim <= 64 ? 64 : dim <= 128 ? 128 : 256; }
+
+template <int kHeadDim>
+constexpr int kThreadsPerRow = kHeadDim / kDimsPerThread;
+
+// Query rows per block in the timed runs: more rows when each row needs fewer threads.
+template <int kHeadDim>
+constexpr int kBlockRowsFor = kThreadsPerBlock / kThreadsPerRow<kHeadDim>;
+
+// One problem as every thread sees it. Q, K, V and O are (B·H, N, D) with D fastest.
+struct Attention {
+  const float* q;
+  const float* k;
+  const float* v;
+  float* o;
+  int64_t heads_total;
+  int64_t seq;
+  int dim;
+  float scale;
+};
+
+// This thread's share of its query row, pre-multiplied by the softmax scale (once per element, not
+// once per score). Zero past the real D, and for rows past the sequence end: those threads still
+// help load tiles and keep the shuffles below complete, but store nothing.
+template <int kHeadDim>
+__device__ void load_query_slice(const Attention& attention, int64_t head, int64_t query, int slice,
+                                 float (&q)[kDimsPerThread]) {
+  const bool has_query = query < attention.seq;
+  const int64_t row_start = (head * attention.seq + query) * attention.dim;
+#pragma unroll
+  for (int i = 0; i < kDimsPerThread; ++i) {
+    const int d = slice + i * kThreadsPerRow<kHeadDim>;
+    q[i] = has_query && d < attention.dim ? attention.q[row_start + d] * attention.scale : 0.0f;
+  }
+}
+
+// Copies rows [first_key, first_key + kBlockKeys) of one head's K or V into a shared tile
+// [kBlockKeys][kHeadDim]; consecutive threads copy consecutive floats, so the reads are coalesced.
+// Rows past the sequence end and dims past the real D are zero: their scores are masked to -inf
+// below, and a zero value row keeps a masked key's weight of 0 at 0 (0 · NaN from stale shared
+// memory would not be).
+template <int kBlockKeys, int kHeadDim, int kThreads>
+__device__ void load_tile(float* tile, const float* head_rows, int64_t first_key, int64_t seq, int dim) {
+  const float* tile_rows = head_rows + first_key * dim;
+  const int64_t remaining = seq - first_key;
+  const int keys = remaining < kBlockKeys ? static_cast<int>(remaining) : kBlockKeys;
+  for (int index = threadIdx.x; index < kBlockKeys * kHeadDim; index += kThreads) {
+    const int key = index / kHeadDim;
+    const int d = index % kHeadDim;
+    tile[index] = key < keys && d < dim ? tile_rows[key * dim + d] : 0.0f;
+  }
+}
+
+// This row's scores against every key of the tile. Each of the row's threads dots its own dims;
+// a butterfly of shuffles then sums the partial dots, so every thread of the row ends with the same
+// scores, bit for bit (each pairwise sum is commutative), and they all agree on max and sum. The
+// threads of a row read neighbouring floats of a key (their dims interleave), so the reads hit
+// different banks, and all rows read the same key at once: a broadcast.
+// Keys past the sequence end score -inf: they never raise the max, and their weight is exp(-inf) = 0.
+template <int kBlockKeys, int kHeadDim>
+__device__ void tile_scores(const float (&q)[kDimsPerThread], const float* k_tile, int slice, int64_t first_key,
+                            int64_t seq, unsigned lanes, float (&scores)[kBlockKeys]) {
+#pragma unroll
+  for (int key = 0; key < kBlockKeys; ++key) {
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kDimsPerThread; ++i)
+      dot += q[i] * k_tile[key * kHeadDim + slice + i * kThreadsPerRow<kHeadDim>];
+#pragma unroll
+    for (int offset = kThreadsPerRow<kHeadDim> / 2; offset > 0; offset /= 2) {
+      dot += __shfl_xor_sync(lanes, dot, offset);
+    }
+    scores[key] = first_key + key < seq ? dot : -INFINITY;
+  }
+}
+
+template <int kHeadDim>
+__device__ void store_output_slice(const Attention& attention, int64_t head, int64_t query, int slice,
+                                   const float (&o)[kDimsPerThread]) {
+  if (query >= attention.seq) return;
+  float* output_row = attention.o + (head * attention.seq + query) * attention.dim;
+#pragma unroll
+  for (int i = 0; i < kDimsPerThread; ++i) {
+    const int d = slice + i * kThreadsPerRow<kHeadDim>;
+    if (d < attention.dim) output_row[d] = o[i];
+  }
+}
+
+// grid.x: query tiles of one head; grid.y: heads (striding when B·H passes the grid's 65535).
+template <int kBlockRows, int kBlockKeys, int kHeadDim>
+__global__ void __launch_bounds__(kBlockRows* kThreadsPerRow<kHeadDim>)
+    three_pass_attention(const Attention attention) {
+  constexpr int kThreads = kBlockRows * kThreadsPerRow<kHeadDim>;
+  static_assert(kThreads % 32 == 0 || kThreads < 32, "a row's threads must share a warp");
+  // The lanes that take part in shuffles: the whole warp, or the whole block when it is smaller.
+  constexpr unsigned kLanes = kThreads >= 32 ? 0xffffffffu : (1u << kThreads) - 1u;
+
+  extern __shared__ float shared[];
+  float* k_tile = shared;                          // [kBlockKeys][kHeadDim]
+  float* v_tile = shared + kBlockKeys * kHeadDim;  // [kBlockKeys][kHeadDim]
+
+  const int slice = threadIdx.x % kThreadsPerRow<kHeadDim>;
+  const int64_t query = int64_t{blockIdx.x} * kBlockRows + threadIdx.x / kThreadsPerRow<kHeadDim>;
+
+  for (int64_t head = blockIdx.y; head < attention.heads_total; head += gridDim.y) {
+    const int64_t head_offset = head * attention.seq * attention.dim;
+    float q[kDimsPerThread];
+    load_query_slice<kHeadDim>(attention, head, query, slice, q);
+
+    float o[kDimsPerThread] = {};  // the output, this thread's dims
+
+    // EXERCISE BEGIN: three sweeps over the key tiles: the row max; the sum of exp(s - max); exp(s - max) / sum · v
+    // Sweep 1: the row max, so that no exponential below can overflow.
+    float row_max = -INFINITY;
+    for (int64_t first_key = 0; first_key < attention.seq; first_key += kBlockKeys) {
+      load_tile<kBlockKeys, kHeadDim, kThreads>(k_tile, attention.k + head_offset, first_key, attention.seq,
+                                                attention.dim);
+      __syncthreads();  // the tile is complete
+
+      float scores[kBlockKeys];
+      tile_scores<kBlockKeys, kHeadDim>(q, k_tile, slice, first_key, attention.seq, kLanes, scores);
+#pragma unroll
+      for (int key = 0; key < kBlockKeys; ++key) row_max = fmaxf(row_max, scores[key]);
+      __syncthreads();  // every thread is done with the tile before the next one overwrites it
+    }
+
+    // Sweep 2: the softmax denominator. The scores of sweep 1 are gone: compute them again.
+    float row_sum = 0.0f;
+    for (int64_t first_key = 0; first_key < attention.seq; first_key += kBlockKeys) {
+      load_tile<kBlockKeys, kHeadDim, kThreads>(k_tile, attention.k + head_offset, first_key, attention.seq,
+                                                attention.dim);
+      __syncthreads();
+
+      float scores[kBlockKeys];
+      tile_scores<kBlockKeys, kHeadDim>(q, k_tile, slice, first_key, attention.seq, kLanes, scores);
+#pragma unroll
+      for (int key = 0; key < kBlockKeys; ++key) row_sum += __expf(scores[key] - row_max);
+      __syncthreads();
+    }
+
+    // Sweep 3: the scores a third time; now each weight is final, and the values can be added up.
+    const float inverse_sum = 1.0f / row_sum;
+    for (int64_t first_key = 0; first_key < attention.seq; first_key += kBlockKeys) {
+      load_tile<kBlockKeys, kHeadDim, kThreads>(k_tile, attention.k + head_offset, first_key, attention.seq,
+                                                attention.dim);
+      load_tile<kBlockKeys, kHeadDim, kThreads>(v_tile, attention.v + head_offset, first_key, attention.seq,
+                                                attention.dim);
+      __syncthreads();
+
+      float scores[kBlockKeys];
+      tile_scores<kBlockKeys, kHeadDim>(q, k_tile, slice, first_key, attention.seq, kLanes, scores);
+#pragma unroll
+      for (int key = 0; key < kBlockKeys; ++key) {
+        const float p = __expf(scores[key] - row_max) * inverse_sum;
+#pragma unroll
+        for (int i = 0; i < kDimsPerThread; ++i)
+          o[i] += p * v_tile[key * kHeadDim + slice + i * kThreadsPerRow<kHeadDim>];
+      }
+      __syncthreads();
+    }
+    // EXERCISE END
+
+    store_output_slice<kHeadDim>(attention, head, query, slice, o);
+  }
+}
+
+template <int kBlockRows, int kBlockKeys, int kHeadDim>
+cudaError_t launch(const Attention& attention, cudaStream_t stream) {
+  constexpr int kThreads = kBlockRows * kThreadsPerRow<kHeadDim>;
+  constexpr int kSharedBytes = 2 * kBlockKeys * kHeadDim * static_cast<int>(sizeof(float));
+  const auto kernel = three_pass_attention<kBlockRows, kBlockKeys, kHeadDim>;
+  // Beyond 48 KB of dynamic shared memory a kernel must opt in. D = 256 needs 64 KB: still within
+  // what every GPU from sm_75 on allows one block.
+  if (kSharedBytes > 48 * 1024) {
+    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+  }
+  const dim3 grid(static_cast<unsigned>((attention.seq + kBlockRows - 1) / kBlockRows),
+                  static_cast<unsigned>(std::min(attention.heads_total, kMaxGridY)));
+  kernel<<<grid, kThreads, kSharedBytes, stream>>>(attention);
+  FA_LAUNCH_TRY();
+  return cudaSuccess;
+}
+
+Attention make_attention(const Shape& shape, const void* q, const void* k, const void* v, void* o) {
+  return Attention{static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
+                   static_cast<float*>(o),       shape.heads_total(),          shape.seq,
+                   static_cast<int>(shape.dim),  softmax_scale(shape)};
+}
+
+cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void* /*workspace*/,
+                    cudaStream_t stream) {
+  if (!validate_shape(shape, kMaxDim).empty() || shape.causal) return cudaErrorInvalidValue;
+  const Attention attention = make_attention(shape, q, k, v, o);
+  switch (head_dim_bucket(shape.dim)) {
+    case 32:
+      return launch<kBlockRowsFor<32>, kKeysPerTile, 32>(attention, stream);
+    case 64:
+      return launch<kBlockRowsFor<64>, kKeysPerTile, 64>(attention, stream);
+    case 128:
+      return launch<kBlockRowsFor<128>, kKeysPerTile, 128>(attention, stream);
+    default:
+      return launch<kBlockRowsFor<256>, kKeysPerTile, 256>(attention, stream);
+  }
+}
+
+}  // namespace
+
+StageDescriptor tiled_smem() {
+  StageDescriptor stage;
+  stage.id = "03_tiled_smem";
+  stage.title = "One fused kernel: K/V tiles in shared memory, softmax by recomputation (three sweeps over K)";
+  stage.backend = Backend::cuda;
+  stage.precision = Precision::fp32;
+  stage.forward = &forward;
+  stage.workspace_bytes = nullptr;
+  stage.max_dim = kMaxDim;
+  stage.min_compute_capability = 75;
+  stage.trace = nullptr;
+  stage.source_hash = FA_SOURCE_HASH;
+  return stage;
+}
+
+}  // namespace fa::stages

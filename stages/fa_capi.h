@@ -1,0 +1,75 @@
+/* The course's stages behind plain C functions, for ctypes and any language with a C FFI.
+ *
+ * Build: the `fa_capi` target (build/lib/libfa_capi.so). Only the fa_* functions below are
+ * exported; the CUDA runtime is linked in statically, so the library needs nothing but the
+ * NVIDIA driver. Tensors are (batch, heads, seq, dim), contiguous, dim fastest, of the stage's
+ * precision (fa_stage_precision: "fp32" float, "fp16" IEEE half, "bf16" bfloat16). CUDA stages
+ * take device pointers and run asynchronously on `stream` (NULL: the legacy default stream);
+ * the CPU stage takes host pointers and returns when O is written.
+ *
+ *   int64_t bytes = fa_workspace_bytes("04_online_softmax", 1, 16, 4096, 128, 0);
+ *   ... allocate q, k, v, o and a workspace of `bytes` bytes (NULL when 0) ...
+ *   if (fa_forward("04_online_softmax", 1, 16, 4096, 128, 0, q, k, v, o, ws, stream) != FA_OK)
+ *     fprintf(stderr, "%s\n", fa_last_error());
+ */
+#ifndef FA_CAPI_H
+#define FA_CAPI_H
+
+#include <stdint.h>
+
+#if defined(FA_CAPI_BUILDING)
+#define FA_CAPI_EXPORT __attribute__((visibility("default")))
+#else
+#define FA_CAPI_EXPORT
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum fa_status {
+  FA_OK = 0,
+  FA_UNKNOWN_STAGE = 1,    /* no stage has that id */
+  FA_INVALID_SHAPE = 2,    /* a size is zero, negative, absurd, or dim exceeds the stage's maximum */
+  FA_UNSUPPORTED = 3,      /* valid, but not by this stage here: causal masking, a GPU too old */
+  FA_CUDA_ERROR = 4,       /* the CUDA runtime reported an error (no device, a failed launch) */
+  FA_INVALID_ARGUMENT = 5, /* a null pointer, a missing workspace, host memory for a CUDA stage */
+  FA_INTERNAL_ERROR = 6    /* anything else; fa_last_error says what */
+};
+
+/* Bytes of workspace fa_forward needs for this problem (0: none), or -1 for an unknown stage or
+ * a shape the stage cannot run (fa_last_error says why). */
+FA_CAPI_EXPORT int64_t fa_workspace_bytes(const char* stage_id, int64_t batch, int64_t heads, int64_t seq, int64_t dim,
+                                          int causal);
+
+/* O = softmax(Q K^T / sqrt(dim)) V. Returns an fa_status. `workspace` holds at least
+ * fa_workspace_bytes(...) bytes, or is ignored when that is 0. `stream` is a cudaStream_t (a
+ * PyTorch stream's .cuda_stream works: both share the device's primary context). */
+FA_CAPI_EXPORT int fa_forward(const char* stage_id, int64_t batch, int64_t heads, int64_t seq, int64_t dim, int causal,
+                              const void* q, const void* k, const void* v, void* o, void* workspace, void* stream);
+
+/* The stages in course order: ids "01_cpu", "02_naive_gpu", ... */
+FA_CAPI_EXPORT int fa_stage_count(void);
+FA_CAPI_EXPORT const char* fa_stage_id(int index); /* NULL when out of range */
+
+/* Facts about one stage; NULL (or -1) for an unknown id. Strings live as long as the library. */
+FA_CAPI_EXPORT const char* fa_stage_title(const char* stage_id);
+FA_CAPI_EXPORT const char* fa_stage_backend(const char* stage_id);     /* "cpu" or "cuda" */
+FA_CAPI_EXPORT const char* fa_stage_precision(const char* stage_id);   /* "fp32", "fp16" or "bf16" */
+FA_CAPI_EXPORT const char* fa_stage_source_hash(const char* stage_id); /* design.md's source_hash */
+FA_CAPI_EXPORT int64_t fa_stage_max_dim(const char* stage_id);
+FA_CAPI_EXPORT int fa_stage_min_compute_capability(const char* stage_id); /* 80 for sm_80; 0 for the CPU */
+
+/* The largest max-abs error a correct stage of `precision` ("fp32", "fp16", "bf16") may show when
+ * max|V| is `max_abs_v` (the harness's fa::tolerance), or -1 for an unknown precision. */
+FA_CAPI_EXPORT double fa_tolerance(const char* precision, double max_abs_v);
+
+/* What went wrong in this thread's latest fa_workspace_bytes or fa_forward call; "" after a
+ * success. Valid until the thread's next call. */
+FA_CAPI_EXPORT const char* fa_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FA_CAPI_H */
