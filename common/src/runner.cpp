@@ -125,7 +125,11 @@ RunOutcome run_stage_on(const StageDescriptor& stage, Inputs inputs, const RunOp
     if (stage.backend == Backend::cuda) {
       free_before = device_memory().free_bytes;
       if (needed > free_before) {
-        return refuse("oom", "needs " + format_bytes(needed) + ", " + format_bytes(free_before) + " free", kExitOom);
+        // The note starts with the free bytes as a plain integer (the memory notebook reads it).
+        return refuse("oom",
+                      std::to_string(free_before) + " bytes free (" + format_bytes(free_before) + "); needs " +
+                          format_bytes(needed),
+                      kExitOom);
       }
     }
     StageBuffers buffers(stage, inputs, workspace);
