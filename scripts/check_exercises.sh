@@ -3,7 +3,7 @@
 # folder, never touching exercises/), builds them all in place of the solutions, and checks
 # that each stage's tests fail on its untouched copy. The solutions passing is the normal suite.
 #   scripts/check_exercises.sh [BUILD_DIR]
-# Without a GPU only the CPU stage's tests can run (the GPU tests are skipped), so there the
+# FA_CMAKE_ARGS adds CMake arguments (a generator, CMAKE_PREFIX_PATH). Without a GPU only the CPU stage's tests can run (the GPU tests are skipped), so there the
 # check is that every copy builds and stage 01's copy fails; with FA_REQUIRE_GPU=1 on a GPU
 # machine every stage's copy must fail.
 set -euo pipefail
@@ -17,7 +17,8 @@ for stage in $stages; do python3 "$repo/scripts/make_exercise" "$stage" --output
 # Without a GPU, one architecture is enough to prove that every copy builds.
 architectures=()
 nvidia-smi -L >/dev/null 2>&1 || architectures=(-DCMAKE_CUDA_ARCHITECTURES=90)
-cmake -S "$repo" -B "$build" -DFA_EXERCISE=all -DFA_EXERCISE_DIR="$copies" "${architectures[@]}" >/dev/null
+# shellcheck disable=SC2086
+cmake -S "$repo" -B "$build" -DFA_EXERCISE=all -DFA_EXERCISE_DIR="$copies" "${architectures[@]}" ${FA_CMAKE_ARGS:-} >/dev/null
 cmake --build "$build" -j "$(nproc)" >"$build/exercise-build.log" 2>&1 ||
   { tail -n 30 "$build/exercise-build.log"; echo "check_exercises: a student copy does not build" >&2; exit 1; }
 echo "every stage's student copy builds"

@@ -14,6 +14,7 @@
 #   torch     PyTorch's SDPA backends beside our stages        -> OUTDIR/data/torch.csv
 #   ceilings  SGEMM, FP16 tensor-core matmul, copy bandwidth   -> OUTDIR/data/ceilings.csv
 #   traffic   ncu DRAM and L2 bytes per stage                  -> OUTDIR/data/traffic.csv
+#   exercises every stage's untouched student copy must fail its tests (scripts/check_exercises.sh)
 # Logs go to OUTDIR/logs, the machine and source hashes to OUTDIR/data/env.txt, and a short
 # summary (OUTDIR/summary.txt) is printed last.
 set -uo pipefail
@@ -21,7 +22,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: gpu_suite.sh OUTDIR [PHASE ...]}
 shift
 phases=("$@")
-[ ${#phases[@]} -gt 0 ] || phases=(build test sanitize bench memory torch ceilings traffic)
+[ ${#phases[@]} -gt 0 ] || phases=(build test sanitize bench memory torch ceilings traffic exercises)
 mkdir -p "$out/logs" "$out/data"
 out=$(cd "$out" && pwd)
 build="$repo/build-gpu"
@@ -107,6 +108,7 @@ phase_bench() {
     done
   done
   for d in 64 128; do for n in 256 512 1024; do run_point "$csv" 01_cpu 1 1 $n $d || failed=$((failed + 1)); done; done
+  for stage in 01_cpu $(gpu_stages); do "$bin/$stage" --walkthrough >"$out/data/walkthrough_${stage:0:2}.txt" 2>&1; done
   note "bench: $(($(wc -l <"$csv") - 1)) rows, $failed runs not ok (oom rows are expected for 02 at large N)"
   python3 "$repo/scripts/summarize_results.py" "$csv" | tee -a "$summary"
 }
@@ -136,6 +138,14 @@ phase_ceilings() {
   local status=$?
   note "ceilings: $([ $status -eq 0 ] && echo ok || echo FAILED)"
   sed 's/^/  /' "$out/data/ceilings.csv" 2>/dev/null | tee -a "$summary"
+  return $status
+}
+
+phase_exercises() {
+  FA_CMAKE_ARGS="-G Ninja -DCMAKE_PREFIX_PATH=$repo/.deps/root/usr" FA_REQUIRE_GPU=1 "$repo/scripts/check_exercises.sh" "$repo/build-exercises" >"$out/logs/exercises.log" 2>&1
+  local status=$?
+  note "exercises: $([ $status -eq 0 ] && echo ok || echo FAILED)"
+  sed 's/^/  /' "$out/logs/exercises.log" | tail -n 12 | tee -a "$summary"
   return $status
 }
 
