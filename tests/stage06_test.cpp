@@ -28,8 +28,8 @@ TEST_CASE("stage06: head dims that are not multiples of 16 are padded") {
   const fa::StageDescriptor stage = fa::stages::wmma_tensor_cores();
   fa::test::require_stage_runnable(stage);
   // 197 keys: three 64-key tiles and a partial one (twelve 16-key tiles and a partial one for
-  // the D = 256 bucket); B·H = 4. D = 1, 2 and 17 take the scalar path into the 16 and 32
-  // buckets, 100 the 128 bucket, 129 and 200 the 256 bucket.
+  // the D = 256 bucket); B·H = 4. Buckets: 1 and 2 -> 16, 17 -> 32, 100 -> 128, 129 and 200 -> 256;
+  // all but 200 (a multiple of 8) take the element-by-element kernel.
   uint64_t seed = 600;
   for (const int64_t dim : {1, 2, 17, 100, 129, 200}) {
     fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{2, 2, 197, dim}, seed++));
