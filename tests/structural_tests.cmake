@@ -6,5 +6,6 @@ foreach(arch 75 90)
     PATTERN "ld\\.global(\\.nc)?\\.v4\\.f32" PATTERN "ld\\.shared\\.v4\\.f32" PATTERN "st\\.shared\\.v4\\.f32")
   fa_add_structural_test(NAME "stage06: PTX issues tensor-core WMMA instructions (sm_${arch})"
     STAGE 06_wmma SOURCE wmma_attention.cu ARCH ${arch}
-    PATTERN "wmma\\.mma\\.sync[^;]*f16" PATTERN "wmma\\.load\\.[ab]\\.sync")
+    PATTERN "wmma\\.mma\\.sync\\.aligned\\.row\\.col\\.m16n16k16\\.f32\\.f32"
+    PATTERN "wmma\\.mma\\.sync\\.aligned\\.row\\.row\\.m16n16k16\\.f32\\.f32")
 endforeach()
