@@ -118,7 +118,7 @@ phase_memory() {
   rm -f "$csv"
   for stage in $(gpu_stages); do
     for e in $(seq 10 20); do
-      "$bin/$stage" --batch 1 --heads 1 --seq $((1 << e)) --dim 128 --warmup 0 --reps 1 --check-rows 8 --csv "$csv" \
+      "$bin/$stage" --batch 1 --heads 1 --seq $((1 << e)) --dim 128 --warmup 0 --reps 0 --check-rows 8 --csv "$csv" \
         >>"$out/logs/memory.log" 2>&1
     done
   done

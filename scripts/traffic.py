@@ -4,7 +4,7 @@
 Runs every stage executable once under Nsight Compute,
 
   ncu --clock-control none --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum
-      build/bin/NN_name --batch B --heads H --seq N --dim D --reps 1 --warmup 0 --no-check --csv ROW
+      build/bin/NN_name --batch B --heads H --seq N --dim D --reps 0 --warmup 0 --no-check --csv ROW  (exactly one forward)
 
 sums the metrics over the stage's kernels and writes traffic.csv (design.md: stage, gpu, B, H, N,
 D, dtype, dram_read_bytes, dram_write_bytes, l2_bytes, predicted_bytes); dtype and gpu come
@@ -151,7 +151,7 @@ def profile(ncu, executable, shape, timeout, exclude, workdir):
     row_csv = os.path.join(workdir, f"{name}_{seq}.csv")
     command = [ncu, "--clock-control", "none", "--metrics", ",".join(METRICS), "--target-processes", "all",
                "--force-overwrite", "--export", report, executable, "--batch", str(batch), "--heads", str(heads),
-               "--seq", str(seq), "--dim", str(dim), "--reps", "1", "--warmup", "0", "--no-check",
+               "--seq", str(seq), "--dim", str(dim), "--reps", "0", "--warmup", "0", "--no-check",
                "--csv", row_csv]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
