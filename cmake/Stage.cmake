@@ -1,8 +1,9 @@
-# fa_add_stage(ID <folder> FACTORY <name> SOURCES <files...>)
+# fa_add_stage(ID <folder> FACTORY <name> [<name> ...] SOURCES <files...>)
 #
 # A stage folder holds its kernel source(s), ending in the stage's descriptor
 # `fa::StageDescriptor fa::stages::<FACTORY>()`, a README and a CMakeLists.txt that calls this.
-# It builds:
+# A stage with several descriptors (one per precision, say) names each factory; the executable
+# runs the first, and the course and the C ABI see them all. It builds:
 #   fa_stage_<ID>   a library with the stage (linked by tests, the course and the C ABI)
 #   <ID>            the stage's executable (bin/<ID>), the shared command line of common/
 # and generates <fa_source_hash.h> with FA_SOURCE_HASH, the hash of design.md's results CSV,
@@ -16,7 +17,7 @@ set(FA_SOURCE_HASH_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/SourceHash.cmake)
 set(FA_STAGE_MAIN_TEMPLATE ${CMAKE_CURRENT_LIST_DIR}/stage_main.cpp.in)
 
 function(fa_add_stage)
-  cmake_parse_arguments(PARSE_ARGV 0 ARG "" "ID;FACTORY" "SOURCES")
+  cmake_parse_arguments(PARSE_ARGV 0 ARG "" "ID" "FACTORY;SOURCES")
   set(library fa_stage_${ARG_ID})
   set(generated ${CMAKE_BINARY_DIR}/generated/${ARG_ID})
 
@@ -46,12 +47,12 @@ function(fa_add_stage)
   add_dependencies(${library} ${library}_hash)
   fa_target_warnings(${library})
 
-  set(FA_STAGE_FACTORY ${ARG_FACTORY})
+  list(GET ARG_FACTORY 0 FA_STAGE_FACTORY)  # the executable runs the first descriptor
   configure_file(${FA_STAGE_MAIN_TEMPLATE} ${generated}/main.cpp @ONLY)
   add_executable(${ARG_ID} ${generated}/main.cpp)
   target_link_libraries(${ARG_ID} PRIVATE ${library} fa_stages_header)
   fa_target_warnings(${ARG_ID})
 
   set_property(GLOBAL APPEND PROPERTY FA_STAGE_IDS ${ARG_ID})
-  set_property(GLOBAL APPEND PROPERTY FA_STAGE_FACTORIES ${ARG_FACTORY})
+  set_property(GLOBAL APPEND PROPERTY FA_STAGE_FACTORIES ${ARG_FACTORY})  # all of them go to the registry
 endfunction()

@@ -309,7 +309,7 @@ class Run:
 
     def row(self, name, shape, precision, **fields):
         batch, heads, seq, dim = shape
-        row = {"stage": name, "gpu": self.gpu, "B": batch, "H": heads, "N": seq, "D": dim, "dtype": precision,
+        row = {"stage": name.split("/")[0], "gpu": self.gpu, "B": batch, "H": heads, "N": seq, "D": dim, "dtype": precision,
                "causal": 0, "ms_median": "", "ms_min": "", "tflops": "", "gbps": "", "peak_bytes": "",
                "max_abs_err": "", "rel_l2_err": "", "status": "ok", "source_hash": "", "note": ""}
         row.update(fields)

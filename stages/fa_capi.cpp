@@ -30,11 +30,26 @@ const std::vector<fa::StageDescriptor>& registry() {
   return stages;
 }
 
+// The name a stage goes by here: its id, or "id/precision" for a second descriptor of the same
+// stage in another precision (e.g. "07_fp16_pipelined/bf16").
+const std::vector<std::string>& stage_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < registry().size(); ++i) {
+      const fa::StageDescriptor& stage = registry()[i];
+      const bool repeated = i > 0 && std::strcmp(registry()[i - 1].id, stage.id) == 0;
+      names.push_back(repeated ? std::string(stage.id) + "/" + fa::precision_name(stage.precision) : stage.id);
+    }
+    return names;
+  }();
+  return keys;
+}
+
 const fa::StageDescriptor* find_stage(const char* stage_id) noexcept {
   if (stage_id == nullptr) return nullptr;
   try {
-    for (const fa::StageDescriptor& stage : registry()) {
-      if (std::strcmp(stage.id, stage_id) == 0) return &stage;
+    for (std::size_t i = 0; i < registry().size(); ++i) {
+      if (stage_keys()[i] == stage_id) return &registry()[i];
     }
   } catch (...) {
     // the registry could not be built (out of memory): no stage can be found
@@ -178,7 +193,7 @@ int fa_stage_count(void) {
 
 const char* fa_stage_id(int index) {
   if (index < 0 || index >= fa_stage_count()) return nullptr;
-  return registry()[static_cast<std::size_t>(index)].id;
+  return stage_keys()[static_cast<std::size_t>(index)].c_str();
 }
 
 const char* fa_stage_title(const char* stage_id) {

@@ -50,6 +50,8 @@ FA_CAPI_EXPORT int fa_forward(const char* stage_id, int64_t batch, int64_t heads
 
 /* The stages in course order: ids "01_cpu", "02_naive_gpu", ... */
 FA_CAPI_EXPORT int fa_stage_count(void);
+/* The name fa_forward takes for stage `index`: the stage's folder name, or "folder/precision"
+ * (e.g. "07_fp16_pipelined/bf16") for a stage's second descriptor in another precision. */
 FA_CAPI_EXPORT const char* fa_stage_id(int index); /* NULL when out of range */
 
 /* Facts about one stage; NULL (or -1) for an unknown id. Strings live as long as the library. */
