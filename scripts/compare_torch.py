@@ -507,12 +507,14 @@ def choose_stages(all_stages, text):
     chosen = []
     for item in text.split(","):
         item = item.strip()
-        matches = [s for s in all_stages if s["id"] == item or s["id"].split("_")[0] == item.zfill(2)]
+        # a stage number or folder name picks every descriptor of that stage (fp16 and bf16)
+        matches = [s for s in all_stages if s["id"] == item or s["id"].split("/")[0] == item
+                   or s["id"].split("_")[0] == item.zfill(2)]
         if not matches:
             die(f"no stage '{item}' in the library (it has: {', '.join(s['id'] for s in all_stages)})")
         if matches[0]["backend"] != "cuda":
             die(f"{matches[0]['id']} runs on the CPU: this script compares GPU stages")
-        chosen.append(matches[0])
+        chosen.extend(matches)
     return chosen
 
 

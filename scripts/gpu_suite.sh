@@ -31,7 +31,12 @@ summary="$out/summary.txt"
 : >>"$summary"
 
 note() { echo "$*" | tee -a "$summary"; }
-gpu_stages() { ls "$repo/stages" | grep -E '^(0[2-9]|[1-9][0-9])_' | while read -r s; do [ -x "$bin/$s" ] && echo "$s"; done; }
+# FA_STAGES="06_wmma 07_fp16_pipelined" restricts the GPU phases to those stages.
+gpu_stages() {
+  ls "$repo/stages" | grep -E '^(0[2-9]|[1-9][0-9])_' | while read -r s; do
+    [ -x "$bin/$s" ] && { [ -z "${FA_STAGES:-}" ] || [[ " $FA_STAGES " == *" $s "* ]]; } && echo "$s"
+  done
+}
 
 write_env() {
   {
@@ -127,6 +132,7 @@ phase_memory() {
 
 phase_torch() {
   python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --shapes seed001 seed004 \
+    --stages "$(gpu_stages | cut -c1-2 | paste -sd, -)" \
     --out "$out/data/torch.csv" >"$out/logs/torch.log" 2>&1
   local status=$?
   note "torch: $([ $status -eq 0 ] && echo ok || echo FAILED) ($(($(wc -l <"$out/data/torch.csv" 2>/dev/null || echo 1) - 1)) rows)"

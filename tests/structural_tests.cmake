@@ -9,3 +9,11 @@ foreach(arch 75 90)
     PATTERN "wmma\\.mma\\.sync\\.aligned\\.row\\.col\\.m16n16k16\\.f32\\.f32"
     PATTERN "wmma\\.mma\\.sync\\.aligned\\.row\\.row\\.m16n16k16\\.f32\\.f32")
 endforeach()
+# Stage 07 needs sm_80 (cp.async): its PTX is checked for sm_80 and sm_90 only.
+foreach(arch 80 90)
+  fa_add_structural_test(NAME "stage07: PTX issues cp.async copies and waits (sm_${arch})"
+    STAGE 07_fp16_pipelined SOURCE fp16_pipelined.cu ARCH ${arch}
+    PATTERN "cp\\.async\\.cg\\.shared\\.global"
+    PATTERN "cp\\.async\\.commit_group" PATTERN "cp\\.async\\.wait_group [0-9]+"
+    PATTERN "wmma\\.mma\\.sync\\.aligned\\.row\\.col\\.m16n16k16\\.f32\\.bf16\\.bf16\\.f32")
+endforeach()

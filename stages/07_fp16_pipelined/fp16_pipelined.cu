@@ -1,0 +1,526 @@
+// Stage 07: a cp.async pipeline that streams the next K/V tiles in while the current one is computed.
+//
+// In stage 06 every K/V tile went global -> registers -> shared, between two barriers, and no
+// warp could start on the tile until the slowest load had landed: each tile paid the full
+// latency of global memory while the tensor cores waited. Ampere (sm_80) added cp.async, a copy
+// from global straight into shared memory that does not wait for its data: a thread issues it,
+// goes on computing, and later waits only for the groups of copies it needs.
+//
+// So K and V now live in a ring of kStages buffers. Before the loop the block issues the copies
+// of the first kStages - 1 tiles; at tile j it waits for tile j alone, issues tile
+// j + kStages - 1 into the buffer that tile j - 1 has just released, and computes on tile j
+// while the later tiles are in flight. Everything else is stage 06: WMMA tensor cores, four warps
+// of 16 query rows each (the FlashAttention-2 split), scores and probabilities in each warp's
+// shared scratch, O in accumulator fragments.
+//
+// The kernel is a template on the element type: FP16 (__half) or BF16 (__nv_bfloat16), both
+// accumulated in FP32; P is rounded to the input type for the P·V product. cp.async and BF16
+// WMMA need sm_80, so on older GPUs forward() refuses before it launches anything.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "fa/cuda_check.hpp"
+#include "fa/problem.hpp"
+#include "fa/stage.hpp"
+#include "fa_source_hash.h"
+
+// The device code of this file uses sm_80 instructions. It still compiles for older targets (the
+// host code must), where the kernel body is a trap that forward() never lets run.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define FA_STAGE07_DEVICE_CODE 1
+#else
+#define FA_STAGE07_DEVICE_CODE 0
+#endif
+
+namespace fa::stages {
+namespace {
+
+namespace wmma = nvcuda::wmma;
+
+constexpr int kFragment = 16;  // the WMMA shape is 16x16x16
+constexpr int kWarpSize = 32;
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kQueryRows = kWarps * kFragment;  // Br: query rows per block, 16 per warp
+constexpr int kMaxDim = 256;
+constexpr int kChunkElements = 8;  // one 16-byte copy of 16-bit elements
+constexpr int kMinComputeCapability = 80;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// A: 16 query rows x 16 head dims of Q, or 16 rows x 16 keys of P. B: K^T (K stored row-major
+// is K^T stored column-major) or V. The accumulator holds S or O in FP32.
+template <typename Element>
+using QueryOrProbs = wmma::fragment<wmma::matrix_a, kFragment, kFragment, kFragment, Element, wmma::row_major>;
+template <typename Element>
+using KeysTransposed = wmma::fragment<wmma::matrix_b, kFragment, kFragment, kFragment, Element, wmma::col_major>;
+template <typename Element>
+using Values = wmma::fragment<wmma::matrix_b, kFragment, kFragment, kFragment, Element, wmma::row_major>;
+using Accumulator = wmma::fragment<wmma::accumulator, kFragment, kFragment, kFragment, float>;
+
+constexpr int max_of(int a, int b) { return a > b ? a : b; }
+
+// Sizes of one head-dim bucket. Every shared-memory row is padded by 8 elements (16 bytes of
+// a 16-bit type, 32 bytes of FP32), so the 8 rows a fragment load or store touches at once
+// start in different banks instead of all in the same one.
+template <int kDim>
+struct Tiling {
+  // Bc: keys per K/V tile, and kStages: K/V tiles in the ring (kStages - 1 in flight while one
+  // is computed). The ring multiplies the K/V shared memory, so the tiles shrink where it would
+  // cost occupancy: at D = 128, three 32-key stages (68 KB a block) still let three blocks share
+  // an SM of an H100, where two 64-key stages (86 KB) would allow only two. At D = 256 the
+  // 16-key tiles of stage 06 keep two stages.
+  static constexpr int kKeys = kDim <= 64 ? 64 : kDim <= 128 ? 32 : 16;
+  static constexpr int kStages = kDim <= 128 ? 3 : 2;
+  // Up to D = 128 a warp keeps its D/16 Q fragments in registers for the whole loop (8 at
+  // D = 128, loaded once). At D = 256 those plus the 16 O accumulators would not fit in 255
+  // registers, so Q stays in the warp's shared-memory slice and is reloaded for every tile.
+  static constexpr bool kQueryInRegisters = kDim <= 128;
+  // Blocks that must fit on one SM at once (a register cap for the compiler).
+  static constexpr int kMinBlocksPerSm = kDim <= 128 ? 3 : 2;
+
+  static constexpr int kTileStride = kDim + 8;         // elements per row of Q, K and V
+  static constexpr int kScoreStride = kKeys + 8;       // floats per row of S
+  static constexpr int kProbStride = kKeys + 8;        // elements per row of P
+  static constexpr int kFactorStride = kFragment + 8;  // floats per row of a 16x16 FP32 tile
+
+  static constexpr int kTileElements = kKeys * kTileStride;
+  static constexpr int kKvTileBytes = kTileElements * 2;
+  static constexpr int kQuerySliceBytes = kFragment * kTileStride * 2;
+  static constexpr int kScoreBytes = kFragment * kScoreStride * 4;
+  static constexpr int kProbBytes = kFragment * kProbStride * 2;
+  static constexpr int kFactorBytes = kFragment * kFactorStride * 4;
+  // A warp's scratch holds its scores; once every lane has its scores in registers it holds
+  // the probabilities and the rescale factors instead; at the end, one output tile at a time.
+  static constexpr int kScratchBytes = max_of(kScoreBytes, kProbBytes + kFactorBytes);
+  // Q in registers: the Q slice is only needed before the loop, so it shares the scratch.
+  static constexpr int kWarpBytes =
+      kQueryInRegisters ? max_of(kQuerySliceBytes, kScratchBytes) : kQuerySliceBytes + kScratchBytes;
+  // The ring: kStages pairs of (K tile, V tile), then the warps' slices.
+  static constexpr int kRingBytes = kStages * 2 * kKvTileBytes;
+  static constexpr int kSharedBytes = kRingBytes + kWarps * kWarpBytes;
+
+  // Fragment loads need 256-bit aligned addresses: every region must start at a multiple of 32
+  // (which also keeps every 16-byte cp.async destination aligned).
+  static_assert(kKvTileBytes % 32 == 0 && kQuerySliceBytes % 32 == 0 && kProbBytes % 32 == 0 && kWarpBytes % 32 == 0,
+                "shared-memory regions must stay 32-byte aligned");
+  static_assert(kDim % kFragment == 0 && kKeys % kFragment == 0, "buckets and tiles are whole fragments");
+  static_assert(kStages >= 2, "a pipeline needs a tile in flight while another is computed");
+};
+
+// FP32 -> the element type, and two FP32 values as the 32 bits of a rounded pair (low first).
+template <typename Element>
+__device__ __forceinline__ Element to_element(float value) {
+  if constexpr (std::is_same_v<Element, __half>) {
+    return __float2half_rn(value);
+  } else {
+    return __float2bfloat16_rn(value);
+  }
+}
+
+template <typename Element>
+__device__ __forceinline__ unsigned pack_pair(float low, float high) {
+  if constexpr (std::is_same_v<Element, __half>) {
+    const __half2 pair = __floats2half2_rn(low, high);
+    return *reinterpret_cast<const unsigned*>(&pair);
+  } else {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+    return *reinterpret_cast<const unsigned*>(&pair);
+  }
+}
+
+// Copies `rows` rows of a (rows x dim) matrix from global memory into a shared tile of kDim
+// columns with ordinary loads and stores, writing zeros in the padding columns (dim..kDim) and in
+// the rows past `valid_rows`. Used for the warp's Q rows (read once, nothing to overlap) and, on
+// the fallback path (D % 8 != 0 or pointers off a 16-byte boundary, where 16-byte copies are
+// impossible), for K and V too: there the ring still works, but every copy is synchronous.
+template <typename Element, int kDim, int kRows, int kThreadCount>
+__device__ void load_tile_sync(Element* tile, int stride, const Element* source, int valid_rows, int dim, int thread) {
+  for (int index = thread; index < kRows * kDim; index += kThreadCount) {
+    const int row = index / kDim;
+    const int column = index % kDim;
+    tile[row * stride + column] =
+        row < valid_rows && column < dim ? source[row * dim + column] : to_element<Element>(0.0f);
+  }
+}
+
+#if FA_STAGE07_DEVICE_CODE
+constexpr unsigned kFullWarp = 0xffffffffu;
+
+// 2^x on the special-function unit, flushing results below 2^-126 to zero (far below anything
+// a 16-bit type can hold). exp2f would wrap the same instruction in a fix-up for those results.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float result;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(x));
+  return result;
+}
+
+// One 16-byte asynchronous copy global -> shared. `.cg` caches it in L2 only (K and V are
+// reused by other blocks through L2, never by this SM through L1). With source_bytes = 0 it
+// reads nothing and fills the 16 bytes with zeros: that is how rows past N and padding columns
+// are cleared without a branch around the copy.
+__device__ __forceinline__ void copy_async_16(void* shared_destination, const void* global_source, int source_bytes) {
+  const unsigned destination = static_cast<unsigned>(__cvta_generic_to_shared(shared_destination));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(global_source),
+               "r"(source_bytes)
+               : "memory");
+}
+
+// Closes the group of copies this thread has issued since the last commit.
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Waits until at most kPending of this thread's committed groups are still in flight. It covers
+// only this thread's copies: a __syncthreads after it makes every thread's copies visible.
+template <int kPending>
+__device__ __forceinline__ void wait_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Issues the copies of one K or V tile (kRows rows of kDim columns) into a ring buffer, without
+// waiting for them. A thread copies the same 16-byte column of every kRowsPerPass-th row.
+template <typename Element, int kDim, int kRows>
+__device__ void issue_tile_async(Element* tile, int stride, const Element* source, int valid_rows, int dim,
+                                 int thread) {
+  constexpr int kChunksPerRow = kDim / kChunkElements;
+  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  constexpr int kPasses = kRows / kRowsPerPass;
+  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
+  const int first_row = thread / kChunksPerRow;
+  const int column = thread % kChunksPerRow * kChunkElements;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int row = first_row + pass * kRowsPerPass;
+    const bool inside = row < valid_rows && column < dim;
+    copy_async_16(tile + row * stride + column, inside ? source + static_cast<int64_t>(row) * dim + column : source,
+                  inside ? 16 : 0);
+  }
+}
+#endif
+
+// One block: 64 query rows of one (batch, head); blockIdx.x = head · query_tiles + query tile.
+template <typename Element, int kDim, bool kAsyncCopies>
+__global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
+    pipelined_attention_kernel(const Element* __restrict__ q, const Element* __restrict__ k,
+                               const Element* __restrict__ v, Element* __restrict__ o, int seq, int dim,
+                               int query_tiles, float scale_log2) {
+#if FA_STAGE07_DEVICE_CODE
+  using T = Tiling<kDim>;
+  constexpr int kDimFragments = kDim / kFragment;
+  constexpr int kKeyFragments = T::kKeys / kFragment;
+  constexpr int kScoresPerLane = T::kKeys / 2;  // two lanes share each of the warp's 16 rows
+
+  extern __shared__ __align__(128) unsigned char shared[];
+  // Ring slot s holds K at ring + 2·s·tile and V right after it.
+  Element* ring = reinterpret_cast<Element*>(shared);
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  unsigned char* warp_slice = shared + T::kRingBytes + warp * T::kWarpBytes;
+  Element* query_slice = reinterpret_cast<Element*>(warp_slice);
+  unsigned char* scratch = warp_slice + (T::kQueryInRegisters ? 0 : T::kQuerySliceBytes);
+  float* scores = reinterpret_cast<float*>(scratch);
+  Element* probs = reinterpret_cast<Element*>(scratch);
+  float* factors = reinterpret_cast<float*>(scratch + T::kProbBytes);
+  float* output_tile = reinterpret_cast<float*>(scratch);
+
+  const int64_t head = blockIdx.x / query_tiles;
+  const int64_t head_offset = head * seq * dim;
+  const int warp_first_row = blockIdx.x % query_tiles * kQueryRows + warp * kFragment;
+  const int tiles = (seq + T::kKeys - 1) / T::kKeys;
+
+  // For the softmax, lanes 2r and 2r+1 own row r of the warp's 16; each takes every other
+  // group of 4 columns (the interleaving keeps the score reads free of bank conflicts).
+  const int my_row = lane / 2;
+  const int my_half = lane % 2;
+
+  // EXERCISE BEGIN: issue the copies of K/V tile `tile` into its ring slot (cp.async, zero-filled past N), no waiting
+  // Tile t goes to slot t % kStages. On the fallback path the same call copies synchronously.
+  const auto issue_kv_tile = [&](int tile) {
+    Element* key_slot = ring + 2 * (tile % T::kStages) * T::kTileElements;
+    Element* value_slot = key_slot + T::kTileElements;
+    const int key_base = tile * T::kKeys;
+    const int valid_keys = min(T::kKeys, seq - key_base);
+    const Element* key_source = k + head_offset + static_cast<int64_t>(key_base) * dim;
+    const Element* value_source = v + head_offset + static_cast<int64_t>(key_base) * dim;
+    if constexpr (kAsyncCopies) {
+      issue_tile_async<Element, kDim, T::kKeys>(key_slot, T::kTileStride, key_source, valid_keys, dim, threadIdx.x);
+      issue_tile_async<Element, kDim, T::kKeys>(value_slot, T::kTileStride, value_source, valid_keys, dim, threadIdx.x);
+    } else {
+      load_tile_sync<Element, kDim, T::kKeys, kThreads>(key_slot, T::kTileStride, key_source, valid_keys, dim,
+                                                        threadIdx.x);
+      load_tile_sync<Element, kDim, T::kKeys, kThreads>(value_slot, T::kTileStride, value_source, valid_keys, dim,
+                                                        threadIdx.x);
+    }
+  };
+
+  // The prologue fills all but one slot. Every step commits a group, empty or not, so that
+  // "tile j has landed" is always "at most kStages - 2 groups are still in flight".
+#pragma unroll
+  for (int tile = 0; tile < T::kStages - 1; ++tile) {
+    if (tile < tiles) issue_kv_tile(tile);
+    commit_copies();
+  }
+  // EXERCISE END
+
+  // The warp's own 16 query rows, loaded while the first K/V tiles are in flight: only this warp
+  // reads them, so __syncwarp is the barrier.
+  load_tile_sync<Element, kDim, kFragment, kWarpSize>(query_slice, T::kTileStride,
+                                                      q + head_offset + static_cast<int64_t>(warp_first_row) * dim,
+                                                      seq - warp_first_row, dim, lane);
+  __syncwarp();
+  QueryOrProbs<Element> query[T::kQueryInRegisters ? kDimFragments : 1];
+  if constexpr (T::kQueryInRegisters) {
+#pragma unroll
+    for (int d = 0; d < kDimFragments; ++d)
+      wmma::load_matrix_sync(query[d], query_slice + d * kFragment, T::kTileStride);
+    __syncwarp();  // the slice becomes scratch
+  }
+
+  // O for the warp's 16 rows: D/16 accumulators in registers, never normalized until the end
+  // (FlashAttention-2). m is kept in log2 units: m = max_j(s_j) · scale · log2(e).
+  Accumulator out[kDimFragments];
+#pragma unroll
+  for (int d = 0; d < kDimFragments; ++d) wmma::fill_fragment(out[d], 0.0f);
+  float row_max = -INFINITY;
+  float row_sum = 0.0f;
+
+#pragma unroll 1
+  for (int tile = 0; tile < tiles; ++tile) {
+    // EXERCISE BEGIN: wait for tile `tile` only, then refill the slot tile - 1 has released with tile + kStages - 1
+    wait_copies<T::kStages - 2>();  // this thread's copies of tile `tile` have landed
+    // Every thread's copies of the tile are visible, and every warp is done with tile - 1, whose
+    // slot the next copies overwrite.
+    __syncthreads();
+    if (tile + T::kStages - 1 < tiles) issue_kv_tile(tile + T::kStages - 1);
+    commit_copies();
+    // EXERCISE END
+    const Element* key_tile = ring + 2 * (tile % T::kStages) * T::kTileElements;
+    const Element* value_tile = key_tile + T::kTileElements;
+    const int valid_keys = min(T::kKeys, seq - tile * T::kKeys);
+
+    // S = Q K^T for the warp's 16 rows, into its score slice. Two 16-key accumulators at a
+    // time: their chains of dependent products interleave. (Not unrolled: fully unrolled, the
+    // compiler would keep the address of every K fragment of the tile in a register of its own.)
+    constexpr int kGroup = kKeyFragments >= 2 ? 2 : 1;
+#pragma unroll 1
+    for (int j0 = 0; j0 < kKeyFragments; j0 += kGroup) {
+      Accumulator score[kGroup];
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) wmma::fill_fragment(score[g], 0.0f);
+#pragma unroll
+      for (int d = 0; d < kDimFragments; ++d) {
+        if constexpr (!T::kQueryInRegisters) {
+          wmma::load_matrix_sync(query[0], query_slice + d * kFragment, T::kTileStride);
+        }
+#pragma unroll
+        for (int g = 0; g < kGroup; ++g) {
+          KeysTransposed<Element> keys;
+          wmma::load_matrix_sync(keys, key_tile + (j0 + g) * kFragment * T::kTileStride + d * kFragment,
+                                 T::kTileStride);
+          wmma::mma_sync(score[g], query[T::kQueryInRegisters ? d : 0], keys, score[g]);
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        wmma::store_matrix_sync(scores + (j0 + g) * kFragment, score[g], T::kScoreStride, wmma::mem_row_major);
+      }
+    }
+    __syncwarp();  // the score slice is complete
+
+    // Online softmax of the warp's 16 rows, as in stage 06. Each lane reads its half of its row.
+    float s[kScoresPerLane];
+#pragma unroll
+    for (int c = 0; c < kScoresPerLane / 4; ++c) {
+      const float4 group = *reinterpret_cast<const float4*>(scores + my_row * T::kScoreStride + 8 * c + 4 * my_half);
+      s[4 * c + 0] = group.x;
+      s[4 * c + 1] = group.y;
+      s[4 * c + 2] = group.z;
+      s[4 * c + 3] = group.w;
+    }
+    if (valid_keys < T::kKeys) {  // the last tile: keys past N weigh nothing
+#pragma unroll
+      for (int i = 0; i < kScoresPerLane; ++i) {
+        if (8 * (i / 4) + 4 * my_half + i % 4 >= valid_keys) s[i] = -INFINITY;
+      }
+    }
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kScoresPerLane; ++i) tile_max = fmaxf(tile_max, s[i]);
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 1));
+    // Every tile has at least one key below N, so new_max is finite; on the first tile
+    // row_max is -inf and the rescale factor is 2^-inf = 0.
+    const float new_max = fmaxf(row_max, tile_max * scale_log2);
+    const float rescale = fast_exp2(row_max - new_max);
+    row_max = new_max;
+    __syncwarp();  // all scores are in registers: the slice now takes P and the factors
+
+    float tile_sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kScoresPerLane / 4; ++c) {
+      float p[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p[e] = fast_exp2(fmaf(s[4 * c + e], scale_log2, -new_max));
+      tile_sum += (p[0] + p[1]) + (p[2] + p[3]);
+      *reinterpret_cast<uint2*>(probs + my_row * T::kProbStride + 8 * c + 4 * my_half) =
+          make_uint2(pack_pair<Element>(p[0], p[1]), pack_pair<Element>(p[2], p[3]));
+    }
+    tile_sum += __shfl_xor_sync(kFullWarp, tile_sum, 1);
+    row_sum = row_sum * rescale + tile_sum;
+
+    // The rescale factors as a 16x16 matrix (row r all rescale_r), loaded as an accumulator:
+    // element i of that fragment sits at the same (row, column) as element i of every O fragment.
+    const float4 broadcast = make_float4(rescale, rescale, rescale, rescale);
+    float* factor_row = factors + my_row * T::kFactorStride + 4 * my_half;
+    *reinterpret_cast<float4*>(factor_row) = broadcast;
+    *reinterpret_cast<float4*>(factor_row + 8) = broadcast;
+    __syncwarp();  // P and the factors are complete
+    Accumulator factor;
+    wmma::load_matrix_sync(factor, factors, T::kFactorStride, wmma::mem_row_major);
+#pragma unroll
+    for (int d = 0; d < kDimFragments; ++d) {
+#pragma unroll
+      for (int i = 0; i < factor.num_elements; ++i) out[d].x[i] *= factor.x[i];
+    }
+
+    // O += P V: 16 keys of P at a time against the matching 16 rows of V, every 16 columns.
+#pragma unroll 1
+    for (int j = 0; j < kKeyFragments; ++j) {
+      QueryOrProbs<Element> p;
+      wmma::load_matrix_sync(p, probs + j * kFragment, T::kProbStride);
+#pragma unroll
+      for (int d = 0; d < kDimFragments; ++d) {
+        Values<Element> values;
+        wmma::load_matrix_sync(values, value_tile + j * kFragment * T::kTileStride + d * kFragment, T::kTileStride);
+        wmma::mma_sync(out[d], p, values, out[d]);
+      }
+    }
+  }
+
+  // O / l, rounded to the element type, 16 columns at a time through the scratch.
+  const int64_t my_query = warp_first_row + my_row;
+  const float inverse_sum = 1.0f / row_sum;
+  Element* out_row = o + head_offset + my_query * dim;
+  __syncwarp();  // the last P is consumed
+#pragma unroll
+  for (int d = 0; d < kDimFragments; ++d) {
+    wmma::store_matrix_sync(output_tile, out[d], T::kFactorStride, wmma::mem_row_major);
+    __syncwarp();
+    const float* staged = output_tile + my_row * T::kFactorStride + 8 * my_half;
+    const int column = d * kFragment + 8 * my_half;
+    if (my_query < seq) {
+      if constexpr (kAsyncCopies) {
+        if (column < dim) {
+          *reinterpret_cast<uint4*>(out_row + column) =
+              make_uint4(pack_pair<Element>(staged[0] * inverse_sum, staged[1] * inverse_sum),
+                         pack_pair<Element>(staged[2] * inverse_sum, staged[3] * inverse_sum),
+                         pack_pair<Element>(staged[4] * inverse_sum, staged[5] * inverse_sum),
+                         pack_pair<Element>(staged[6] * inverse_sum, staged[7] * inverse_sum));
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          if (column + e < dim) out_row[column + e] = to_element<Element>(staged[e] * inverse_sum);
+        }
+      }
+    }
+    __syncwarp();  // the staging tile is read before the next one overwrites it
+  }
+#else
+  __trap();  // never launched: forward() refuses GPUs older than sm_80
+#endif
+}
+
+template <typename Element, int kDim, bool kAsyncCopies>
+cudaError_t launch(const Shape& shape, const Element* q, const Element* k, const Element* v, Element* o,
+                   cudaStream_t stream) {
+  using T = Tiling<kDim>;
+  const auto kernel = &pipelined_attention_kernel<Element, kDim, kAsyncCopies>;
+  int device = 0;
+  int shared_limit = 0;
+  FA_CUDA_TRY(cudaGetDevice(&device));
+  FA_CUDA_TRY(cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (T::kSharedBytes > shared_limit) return cudaErrorInvalidConfiguration;
+  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSharedBytes));
+  FA_CUDA_TRY(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+
+  const int64_t query_tiles = (shape.seq + kQueryRows - 1) / kQueryRows;
+  const int64_t blocks = query_tiles * shape.heads_total();
+  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  const float scale_log2 = softmax_scale(shape) * kLog2e;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, T::kSharedBytes, stream>>>(
+      q, k, v, o, static_cast<int>(shape.seq), static_cast<int>(shape.dim), static_cast<int>(query_tiles), scale_log2);
+  FA_LAUNCH_TRY();
+  return cudaSuccess;
+}
+
+// The cp.async path and the synchronous fallback are separate kernels, so neither carries the
+// other's registers.
+template <typename Element, int kDim>
+cudaError_t launch_bucket(const Shape& shape, const Element* q, const Element* k, const Element* v, Element* o,
+                          bool async_copies, cudaStream_t stream) {
+  return async_copies ? launch<Element, kDim, true>(shape, q, k, v, o, stream)
+                      : launch<Element, kDim, false>(shape, q, k, v, o, stream);
+}
+
+bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+template <typename Element>
+cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void* /*workspace*/,
+                    cudaStream_t stream) {
+  if (!validate_shape(shape, kMaxDim).empty() || shape.causal) return cudaErrorInvalidValue;
+  if (q == nullptr || k == nullptr || v == nullptr || o == nullptr) return cudaErrorInvalidValue;
+  int device = 0;
+  int major = 0;
+  int minor = 0;
+  FA_CUDA_TRY(cudaGetDevice(&device));
+  FA_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  FA_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major * 10 + minor < kMinComputeCapability) return cudaErrorInvalidDeviceFunction;  // no cp.async before sm_80
+  const auto* qe = static_cast<const Element*>(q);
+  const auto* ke = static_cast<const Element*>(k);
+  const auto* ve = static_cast<const Element*>(v);
+  auto* oe = static_cast<Element*>(o);
+  // 16-byte copies need every row to start on a 16-byte boundary.
+  const bool async_copies =
+      shape.dim % kChunkElements == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(o);
+  if (shape.dim <= 16) return launch_bucket<Element, 16>(shape, qe, ke, ve, oe, async_copies, stream);
+  if (shape.dim <= 32) return launch_bucket<Element, 32>(shape, qe, ke, ve, oe, async_copies, stream);
+  if (shape.dim <= 64) return launch_bucket<Element, 64>(shape, qe, ke, ve, oe, async_copies, stream);
+  if (shape.dim <= 128) return launch_bucket<Element, 128>(shape, qe, ke, ve, oe, async_copies, stream);
+  return launch_bucket<Element, 256>(shape, qe, ke, ve, oe, async_copies, stream);
+}
+
+StageDescriptor describe(Precision precision, ForwardFn forward_function, const char* title) {
+  StageDescriptor stage;
+  stage.id = "07_fp16_pipelined";
+  stage.title = title;
+  stage.backend = Backend::cuda;
+  stage.precision = precision;
+  stage.forward = forward_function;
+  stage.workspace_bytes = nullptr;
+  stage.max_dim = kMaxDim;
+  stage.min_compute_capability = kMinComputeCapability;
+  stage.trace = nullptr;
+  stage.source_hash = FA_SOURCE_HASH;
+  return stage;
+}
+
+}  // namespace
+
+StageDescriptor pipelined_fp16() {
+  return describe(Precision::fp16, &forward<__half>,
+                  "cp.async pipeline: the next K/V tiles stream in while WMMA computes the current one (FP16)");
+}
+
+StageDescriptor pipelined_bf16() {
+  return describe(Precision::bf16, &forward<__nv_bfloat16>,
+                  "cp.async pipeline: the next K/V tiles stream in while WMMA computes the current one (BF16)");
+}
+
+}  // namespace fa::stages

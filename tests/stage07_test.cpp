@@ -1,0 +1,76 @@
+// Stage 07: the cp.async pipeline (FP16 and BF16 in and out, FP32 accumulation; sm_80 and newer).
+//
+// Structural test (tests/structural_tests.cmake, SOURCE stages/07_fp16_pipelined/fp16_pipelined.cu,
+// ARCH 80 and ARCH 90): the PTX must issue asynchronous copies, group them and wait for them,
+// which a synchronous rewrite of the exercise would lose, and must use BF16 tensor cores:
+//   cp\.async\.cg\.shared\.global    cp\.async\.commit_group    cp\.async\.wait_group [0-9]+
+//   wmma\.mma\.sync\.aligned\.row\.col\.m16n16k16\.f32\.bf16\.bf16\.f32
+// (In SASS the copies are LDGSTS and the waits LDGDEPBAR / DEPBAR.)
+// On a GPU older than sm_80 every GPU test case here reports skipped (require_stage_runnable).
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "catch_compat.hpp"
+#include "fa/inputs.hpp"
+#include "fa/stages.hpp"
+#include "gpu_contract.hpp"
+
+FA_GPU_STAGE_CONTRACT("stage07", fa::stages::pipelined_fp16)
+
+// The same contract for the BF16 descriptor (the macro's test names would collide).
+TEST_CASE("stage07: bf16 matches the reference on the shape table") {
+  fa::test::contract_shape_table(fa::stages::pipelined_bf16());
+}
+TEST_CASE("stage07: bf16 reproduces the N=4 walkthrough") {
+  fa::test::contract_walkthrough(fa::stages::pipelined_bf16());
+}
+TEST_CASE("stage07: bf16 handles the well-conditioned fixture") {
+  fa::test::contract_well_conditioned(fa::stages::pipelined_bf16());
+}
+TEST_CASE("stage07: bf16 survives logits of magnitude 1e3") {
+  fa::test::contract_large_logits(fa::stages::pipelined_bf16());
+}
+TEST_CASE("stage07: bf16 writes every output element (NaN poison)") {
+  fa::test::contract_poison(fa::stages::pipelined_bf16());
+}
+
+TEST_CASE("stage07: head dims that are not multiples of 8 take the synchronous path") {
+  // 197 keys: several ring turns and a partial tile in every bucket; B·H = 4.
+  for (const fa::StageDescriptor& stage : {fa::stages::pipelined_fp16(), fa::stages::pipelined_bf16()}) {
+    fa::test::require_stage_runnable(stage);
+    uint64_t seed = 700;
+    for (const int64_t dim : {1, 2, 17, 100}) {
+      fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{2, 2, 197, dim}, seed++));
+    }
+  }
+}
+
+TEST_CASE("stage07: every bucket through the ring, with zero-filled padding columns and tail rows") {
+  // D % 8 == 0 takes cp.async; 8, 24, 40, 72 and 136 also leave padding columns in their bucket.
+  // N = 1 (one partial tile), 31 (less than the first tile), 130 and 333 (many ring turns, with a
+  // partial tail tile in every bucket).
+  for (const fa::StageDescriptor& stage : {fa::stages::pipelined_fp16(), fa::stages::pipelined_bf16()}) {
+    fa::test::require_stage_runnable(stage);
+    uint64_t seed = 710;
+    for (const int64_t seq : {1, 31, 130, 333}) {
+      for (const int64_t dim : {8, 16, 24, 32, 40, 64, 72, 128, 136, 256}) {
+        fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{1, 2, seq, dim}, seed++));
+      }
+    }
+  }
+}
+
+TEST_CASE("stage07: refuses shapes it cannot run before touching the GPU") {
+  // forward validates first, so this needs no device: null pointers are never dereferenced.
+  for (const fa::StageDescriptor& stage : {fa::stages::pipelined_fp16(), fa::stages::pipelined_bf16()}) {
+    CHECK(stage.max_dim == 256);
+    CHECK(stage.min_compute_capability == 80);
+    for (const fa::Shape& shape : {fa::Shape{1, 1, 64, 257}, fa::Shape{1, 1, 0, 64}, fa::Shape{1, 1, 64, 0}}) {
+      CHECK(stage.forward(shape, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
+    }
+  }
+  CHECK(fa::stages::pipelined_fp16().precision == fa::Precision::fp16);
+  CHECK(fa::stages::pipelined_bf16().precision == fa::Precision::bf16);
+}
