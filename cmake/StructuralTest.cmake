@@ -16,6 +16,7 @@ function(fa_add_structural_test)
   get_filename_component(base ${ARG_SOURCE} NAME_WE)
   set(ptx ${CMAKE_BINARY_DIR}/ptx/${ARG_STAGE}/${base}.sm_${ARG_ARCH}.ptx)
   if(NOT TARGET ptx_${ARG_STAGE}_${base}_${ARG_ARCH})
+    file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/ptx/${ARG_STAGE})  # Makefile generators do not make it
     add_custom_command(OUTPUT ${ptx}
       COMMAND ${CMAKE_CUDA_COMPILER} -ptx -std=c++17 -arch=sm_${ARG_ARCH} --expt-relaxed-constexpr
               -I${PROJECT_SOURCE_DIR}/common/include -I${CMAKE_BINARY_DIR}/generated/${ARG_STAGE}
