@@ -28,17 +28,7 @@ PROGRAM = "ceilings"
 
 
 def median_ms(torch, run, warmup, reps):
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(torch_gpu.event_times_ms(torch, run, warmup, reps))
 
 
 def matmul_tflops(torch, dtype, size, warmup, reps):

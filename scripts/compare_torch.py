@@ -251,16 +251,7 @@ def time_calls(torch, call, first_ms, args):
     first_s = max(first_ms / 1e3, 1e-6)
     warmups = max(0, min(args.warmup - 1, int(0.25 * args.row_seconds / first_s)))
     reps = max(3, min(args.reps, int(args.row_seconds / first_s)))
-    for _ in range(warmups):
-        call()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    times = torch_gpu.event_times_ms(torch, call, warmups, reps)
     return statistics.median(times), min(times), reps
 
 

@@ -38,3 +38,18 @@ def disable_tf32(torch, program):
     relative = ((a @ b).double() - exact).abs().max().item() / exact.abs().max().item()
     if relative > 1e-5:
         die(program, f"FP32 matmul still rounds like TF32 (relative error {relative:.1e}); FP32 cannot be measured")
+
+
+def event_times_ms(torch, call, warmup, reps):
+    """Runs `call` warmup times untimed, then reps times each between two CUDA events: the ms list."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
