@@ -4,6 +4,9 @@
   fp32_sgemm_tf32_off   FP32 matmul 8192^3 with TF32 off (CUDA cores): the roof of stages 01-05
   fp16_tensor_matmul    FP16 matmul 8192^3, FP32 accumulation (tensor cores): stages 06-08
   bf16_tensor_matmul    BF16 likewise
+  fp16_mma_sync, bf16_mma_sync
+                        mma.sync.m16n8k16 alone, from registers (stage 08's instruction; measured by
+                        the fa_mma_ceiling executable of stages/08_mma_registers, given --mma-ceiling)
   copy_bandwidth        device-to-device copy of 1 GiB, bytes read plus bytes written per second
   device_memory, l2_cache_bytes, smem_per_sm_bytes, multiprocessors: facts the notebooks and
                         scripts/traffic.py use (what the memory sweep runs into; the M of the
@@ -20,6 +23,7 @@ import argparse
 import csv
 import os
 import statistics
+import subprocess
 import sys
 
 import torch_gpu
@@ -48,11 +52,28 @@ def copy_gbps(torch, megabytes, warmup, reps):
     return 2.0 * elements * 4 / (ms / 1e3) / 1e9
 
 
+def mma_sync_rows(binary):
+    """Runs fa_mma_ceiling, which prints lines "metric,value,unit"."""
+    try:
+        done = subprocess.run([binary], capture_output=True, text=True, timeout=120, check=False)
+    except OSError as error:
+        torch_gpu.die(PROGRAM, f"cannot run {binary}: {error}")
+    if done.returncode != 0:
+        torch_gpu.die(PROGRAM, f"{binary} failed (exit {done.returncode}): {done.stderr.strip()}")
+    rows = []
+    for line in done.stdout.split():
+        metric, value, unit = line.split(",")
+        rows.append((metric, float(value), unit))
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="CSV to write (default: plots/data/<gpu>/ceilings.csv)")
     parser.add_argument("--size", type=int, default=8192, help="matmul size n for n^3 (default: %(default)s)")
     parser.add_argument("--copy-mib", type=int, default=1024, help="copied buffer size (default: %(default)s)")
+    parser.add_argument("--mma-ceiling", help="the fa_mma_ceiling executable (build/bin/fa_mma_ceiling); "
+                                              "without it the mma.sync rows are left out")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
@@ -69,6 +90,10 @@ def main():
         ("fp32_sgemm_tf32_off", matmul_tflops(torch, torch.float32, args.size, args.warmup, args.reps), "TFLOP/s"),
         ("fp16_tensor_matmul", matmul_tflops(torch, torch.float16, args.size, args.warmup, args.reps), "TFLOP/s"),
         ("bf16_tensor_matmul", matmul_tflops(torch, torch.bfloat16, args.size, args.warmup, args.reps), "TFLOP/s"),
+    ]
+    if args.mma_ceiling:
+        rows += mma_sync_rows(args.mma_ceiling)
+    rows += [
         ("copy_bandwidth", copy_gbps(torch, args.copy_mib, args.warmup, args.reps), "GB/s"),
         ("device_memory", properties.total_memory, "B"),
         ("multiprocessors", properties.multi_processor_count, "count"),

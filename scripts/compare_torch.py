@@ -11,7 +11,9 @@ peers compute in true FP32. A backend that refuses a shape or dtype gets a row w
 Every output, ours and PyTorch's, is compared with a float64 reference computed on the GPU from
 the same (already rounded) inputs, on sampled heads and rows. Times come from CUDA events: a
 first call (also the correctness sample), warm-up calls, then the median and minimum of timed
-calls. Rows are appended to the results CSV of design.md.
+calls. Rows are appended to the results CSV of design.md. With --causal on (or both) the same
+shapes run with causal masking too: our stages with causal set, PyTorch with is_causal=True, the
+reference with keys after each query masked, and the FLOP count halved (design.md).
 
 Guards keep a phase inside a few minutes: a stage or backend whose calls would take longer than
 --max-call-seconds at a shape (predicted from its speed at the previous shape, or seen on its
@@ -112,12 +114,15 @@ def parse_args():
                         help="stop the whole run after this long (default: %(default)s)")
     parser.add_argument("--check-heads", type=int, default=2, help="heads compared with float64 (default: 2)")
     parser.add_argument("--check-rows", type=int, default=1024, help="query rows per checked head (default: 1024)")
+    parser.add_argument("--causal", choices=["off", "on", "both"], default="off",
+                        help="causal masking: off, on, or both for every shape (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--list", action="store_true", help="list the library's stages and exit")
     args = parser.parse_args()
     if args.warmup < 1 or args.reps < 1:
         die("--warmup and --reps must be at least 1")
     args.shape_list = parse_shapes(",".join(args.shapes))
+    args.causal_modes = {"off": [False], "on": [True], "both": [False, True]}[args.causal]
     return args
 
 
@@ -165,11 +170,11 @@ class StageLibrary:
             })
         return found
 
-    def workspace_bytes(self, stage_id, shape):
-        return self.lib.fa_workspace_bytes(stage_id.encode(), *shape, 0)
+    def workspace_bytes(self, stage_id, shape, causal):
+        return self.lib.fa_workspace_bytes(stage_id.encode(), *shape, int(causal))
 
-    def forward(self, stage_id, shape, q, k, v, o, workspace, stream):
-        return self.lib.fa_forward(stage_id.encode(), *shape, 0, q, k, v, o, workspace, stream)
+    def forward(self, stage_id, shape, causal, q, k, v, o, workspace, stream):
+        return self.lib.fa_forward(stage_id.encode(), *shape, int(causal), q, k, v, o, workspace, stream)
 
     def tolerance(self, precision, max_abs_v):
         return self.lib.fa_tolerance(precision.encode(), max_abs_v)
@@ -220,7 +225,13 @@ def sample_rows(torch, seq, limit, seed):
     return torch.unique(torch.cat([ends, middle]))
 
 
-def compare_with_reference(torch, q, k, v, out, args):
+def attention_flops(shape, causal):
+    """4·B·H·N²·D, halved with causal masking (design.md)."""
+    flops = 4.0 * shape[0] * shape[1] * shape[2] ** 2 * shape[3]
+    return flops / 2 if causal else flops
+
+
+def compare_with_reference(torch, q, k, v, out, causal, args):
     """Max abs error and relative L2 error against float64 on sampled heads and rows, and the
     count of non-finite outputs over the whole tensor (a NaN must never vanish in a max)."""
     non_finite = int((~torch.isfinite(out)).sum().item())
@@ -233,7 +244,11 @@ def compare_with_reference(torch, q, k, v, out, args):
         qh, kh, vh = q[b, h].double(), k[b, h].double(), v[b, h].double()
         for start in range(0, rows.numel(), chunk):
             picked = rows[start:start + chunk]
-            probabilities = torch.softmax((qh[picked] @ kh.T) * scale, dim=-1)
+            scores = (qh[picked] @ kh.T) * scale
+            if causal:  # query i sees keys 0..i
+                later = torch.arange(seq, device="cuda")[None, :] > picked[:, None]
+                scores.masked_fill_(later, float("-inf"))
+            probabilities = torch.softmax(scores, dim=-1)
             expected = probabilities @ vh
             difference = out[b, h][picked].double() - expected
             finite = torch.isfinite(difference)
@@ -298,10 +313,10 @@ class Run:
         self.seconds_per_flop = {}  # (name, dtype) -> of its latest timed shape
         self.started = time.monotonic()
 
-    def row(self, name, shape, precision, **fields):
+    def row(self, name, shape, precision, causal, **fields):
         batch, heads, seq, dim = shape
         row = {"stage": name.split("/")[0], "gpu": self.gpu, "B": batch, "H": heads, "N": seq, "D": dim, "dtype": precision,
-               "causal": 0, "ms_median": "", "ms_min": "", "tflops": "", "gbps": "", "peak_bytes": "",
+               "causal": int(causal), "ms_median": "", "ms_min": "", "tflops": "", "gbps": "", "peak_bytes": "",
                "max_abs_err": "", "rel_l2_err": "", "status": "ok", "source_hash": "", "note": ""}
         row.update(fields)
         new_file = not os.path.exists(self.out_path) or os.path.getsize(self.out_path) == 0
@@ -312,35 +327,35 @@ class Run:
             writer.writerow(row)
         self.rows_written += 1
         timing = f"{row['ms_median']} ms" if row["ms_median"] != "" else ""
-        print(f"  {name:<22} {precision:<5} {row['status']:<12} {timing:<16} "
+        print(f"  {name:<22} {precision:<5} {'causal' if causal else '':<6} {row['status']:<12} {timing:<16} "
               f"{row['tflops'] and str(row['tflops']) + ' TFLOP/s':<18} err {row['max_abs_err'] or '-':<10} "
               f"{row['note']}", flush=True)
 
-    def should_skip(self, name, precision, shape):
-        flops = 4.0 * shape[0] * shape[1] * shape[2] ** 2 * shape[3]
-        per_flop = self.seconds_per_flop.get((name, precision))
+    def should_skip(self, name, precision, shape, causal):
+        flops = attention_flops(shape, causal)
+        per_flop = self.seconds_per_flop.get((name, precision, causal))
         if per_flop is not None and per_flop * flops > self.args.max_call_seconds:
-            self.skipped.append(f"{name} {precision} {shape}: about {per_flop * flops:.1f} s per call "
+            self.skipped.append(f"{name} {precision} {shape}{' causal' if causal else ''}: about {per_flop * flops:.1f} s per call "
                                 f"> --max-call-seconds {self.args.max_call_seconds}")
             print(f"  {name:<22} {precision:<5} skipped: about {per_flop * flops:.1f} s per call", flush=True)
             return True
         return False
 
-    def measured(self, name, precision, shape, call, output_of, inputs, peak_bytes, source_hash, is_ours):
+    def measured(self, name, precision, shape, causal, call, output_of, inputs, peak_bytes, source_hash, is_ours):
         """Times `call` (the first call also feeds the check) and writes the row."""
         torch, args = self.torch, self.args
         q, k, v = inputs
         result, first_ms = first_call(torch, call)
-        max_abs, rel_l2, non_finite, max_abs_v = compare_with_reference(torch, q, k, v, output_of(result), args)
+        max_abs, rel_l2, non_finite, max_abs_v = compare_with_reference(torch, q, k, v, output_of(result), causal, args)
         del result
-        flops = 4.0 * shape[0] * shape[1] * shape[2] ** 2 * shape[3]
+        flops = attention_flops(shape, causal)
         if first_ms / 1e3 > args.max_call_seconds:
             ms_median = ms_min = first_ms
             reps_note = f"1 call: it took more than --max-call-seconds {args.max_call_seconds}"
         else:
             ms_median, ms_min, reps = time_calls(torch, call, first_ms, args)
             reps_note = "" if reps == args.reps else f"{reps} timed calls"
-        self.seconds_per_flop[(name, precision)] = ms_median / 1e3 / flops
+        self.seconds_per_flop[(name, precision, causal)] = ms_median / 1e3 / flops
         tolerance = self.library.tolerance(precision, max_abs_v)
         status, notes = "ok", [reps_note] if reps_note else []
         if non_finite:
@@ -356,7 +371,7 @@ class Run:
         if status == "error":
             self.failures.append(f"{name} {precision} {shape}: {'; '.join(notes)}")
         min_bytes = 4 * shape[0] * shape[1] * shape[2] * shape[3] * ELEMENT_BYTES[precision]
-        self.row(name, shape, precision, ms_median=f"{ms_median:.6g}", ms_min=f"{ms_min:.6g}",
+        self.row(name, shape, precision, causal, ms_median=f"{ms_median:.6g}", ms_min=f"{ms_min:.6g}",
                  tflops=f"{flops / (ms_median / 1e3) / 1e12:.6g}",
                  gbps=f"{min_bytes / (ms_median / 1e3) / 1e9:.6g}", peak_bytes=peak_bytes,
                  max_abs_err=f"{max_abs:.3e}", rel_l2_err=f"{rel_l2:.3e}", status=status,
@@ -365,19 +380,19 @@ class Run:
     def free_bytes(self):
         return self.torch.cuda.mem_get_info()[0]
 
-    def run_stage(self, stage, shape, inputs):
+    def run_stage(self, stage, shape, causal, inputs):
         torch, library = self.torch, self.library
         name, precision = stage["id"], stage["precision"]
         q, k, v = inputs
         if shape[3] > stage["max_dim"]:
-            self.row(name, shape, precision, status="unsupported", source_hash=stage["source_hash"],
+            self.row(name, shape, precision, causal, status="unsupported", source_hash=stage["source_hash"],
                      note=f"D={shape[3]} exceeds the stage's maximum head dim {stage['max_dim']}")
             return
-        if self.should_skip(name, precision, shape):
+        if self.should_skip(name, precision, shape, causal):
             return
-        workspace_bytes = library.workspace_bytes(name, shape)
+        workspace_bytes = library.workspace_bytes(name, shape, causal)
         if workspace_bytes < 0:
-            self.row(name, shape, precision, status="unsupported", source_hash=stage["source_hash"],
+            self.row(name, shape, precision, causal, status="unsupported", source_hash=stage["source_hash"],
                      note=one_line(library.last_error()))
             return
         io_bytes = 4 * q.numel() * q.element_size()
@@ -387,7 +402,7 @@ class Run:
         except torch.cuda.OutOfMemoryError:
             out = workspace = None
             torch.cuda.empty_cache()
-            self.row(name, shape, precision, status="oom", peak_bytes=io_bytes + workspace_bytes,
+            self.row(name, shape, precision, causal, status="oom", peak_bytes=io_bytes + workspace_bytes,
                      source_hash=stage["source_hash"], note=f"{self.free_bytes()} bytes free")
             return
         out.fill_(float("nan"))  # poison: an element the stage never writes fails the check
@@ -395,38 +410,38 @@ class Run:
         workspace_ptr = workspace.data_ptr() if workspace is not None else None
 
         def call():
-            code = library.forward(name, shape, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+            code = library.forward(name, shape, causal, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                                    workspace_ptr, stream)
             if code != 0:
                 raise StageError(code, library.last_error())
             return out
 
         try:
-            self.measured(name, precision, shape, call, lambda result: result, inputs, io_bytes + workspace_bytes,
+            self.measured(name, precision, shape, causal, call, lambda result: result, inputs, io_bytes + workspace_bytes,
                           stage["source_hash"], is_ours=True)
         except StageError as error:
             status = "unsupported" if error.code in (FA_INVALID_SHAPE, FA_UNSUPPORTED) else "error"
-            self.row(name, shape, precision, status=status, source_hash=stage["source_hash"],
+            self.row(name, shape, precision, causal, status=status, source_hash=stage["source_hash"],
                      note=one_line(f"{FA_STATUS.get(error.code, error.code)}: {error.message}"))
             if status == "error":
                 self.failures.append(f"{name} {precision} {shape}: {error.message}")
                 self.require_healthy_context()
         except RuntimeError as error:  # a fault inside the kernel surfaces at the next synchronize
-            self.row(name, shape, precision, status="error", source_hash=stage["source_hash"],
+            self.row(name, shape, precision, causal, status="error", source_hash=stage["source_hash"],
                      note=one_line(error))
             self.failures.append(f"{name} {precision} {shape}: {one_line(error)}")
             self.require_healthy_context()
 
-    def run_peer(self, peer, shape, inputs, precision):
+    def run_peer(self, peer, shape, causal, inputs, precision):
         torch = self.torch
         q, k, v = inputs
-        if self.should_skip(peer, precision, shape):
+        if self.should_skip(peer, precision, shape, causal):
             return
         backend = getattr(self.sdp_backend, PEERS[peer])
         input_bytes = 3 * q.numel() * q.element_size()
 
         def call():
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
         with self.sdpa_kernel(backend):
             torch.cuda.synchronize()
@@ -439,23 +454,23 @@ class Run:
                     torch.cuda.synchronize()
                 except torch.cuda.OutOfMemoryError as error:
                     torch.cuda.empty_cache()
-                    self.row(peer, shape, precision, status="oom", peak_bytes=input_bytes + oom_bytes(error),
+                    self.row(peer, shape, precision, causal, status="oom", peak_bytes=input_bytes + oom_bytes(error),
                              note=f"{self.free_bytes()} bytes free")
                     return
                 except RuntimeError as error:
-                    self.row(peer, shape, precision, status="unsupported", note=refusal_reason(caught, error))
+                    self.row(peer, shape, precision, causal, status="unsupported", note=refusal_reason(caught, error))
                     self.require_healthy_context()
                     return
             peak = torch.cuda.max_memory_allocated() - base + input_bytes
             del out
             try:
-                self.measured(peer, precision, shape, call, lambda result: result, inputs, peak, "", is_ours=False)
+                self.measured(peer, precision, shape, causal, call, lambda result: result, inputs, peak, "", is_ours=False)
             except torch.cuda.OutOfMemoryError as error:
                 torch.cuda.empty_cache()
-                self.row(peer, shape, precision, status="oom", peak_bytes=input_bytes + oom_bytes(error),
+                self.row(peer, shape, precision, causal, status="oom", peak_bytes=input_bytes + oom_bytes(error),
                          note=f"{self.free_bytes()} bytes free")
             except RuntimeError as error:
-                self.row(peer, shape, precision, status="error", note=one_line(error))
+                self.row(peer, shape, precision, causal, status="error", note=one_line(error))
                 self.require_healthy_context()
 
     def require_healthy_context(self):
@@ -574,10 +589,11 @@ def main():
             torch.cuda.empty_cache()
             run.skipped.append(f"{shape} {precision}: the inputs alone do not fit in device memory")
             continue
-        for stage in ours:
-            run.run_stage(stage, shape, inputs)
-        for peer in peers:
-            run.run_peer(peer, shape, inputs, precision)
+        for causal in args.causal_modes:
+            for stage in ours:
+                run.run_stage(stage, shape, causal, inputs)
+            for peer in peers:
+                run.run_peer(peer, shape, causal, inputs, precision)
         del inputs
     run.report()
     return 1 if run.failures else 0

@@ -9,7 +9,7 @@
 #   build     Release build for the local GPU
 #   test      the whole ctest suite with FA_REQUIRE_GPU=1 (a skipped test is a failure)
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck, initcheck on every GPU stage
-#   bench     the seed shapes and the sequence-length sweeps -> OUTDIR/data/results.csv
+#   bench     the seed shapes (also causal) and the N sweeps  -> OUTDIR/data/results.csv
 #   memory    one run per N = 2^10 .. 2^20 per GPU stage      -> OUTDIR/data/memory.csv
 #   torch     PyTorch's SDPA backends beside our stages        -> OUTDIR/data/torch.csv
 #   ceilings  SGEMM, FP16 tensor-core matmul, copy bandwidth   -> OUTDIR/data/ceilings.csv
@@ -74,7 +74,8 @@ phase_sanitize() {
   local failures=0 runs=0
   for stage in $(gpu_stages); do
     for tool in memcheck racecheck synccheck initcheck; do
-      for shape in "--batch 2 --heads 1 --seq 150 --dim 72" "--batch 1 --heads 2 --seq 70 --dim 128"; do
+      for shape in "--batch 2 --heads 1 --seq 150 --dim 72" "--batch 1 --heads 2 --seq 70 --dim 128" \
+        "--batch 1 --heads 2 --seq 150 --dim 64 --causal"; do
         runs=$((runs + 1))
         # shellcheck disable=SC2086
         if ! compute-sanitizer --tool "$tool" --error-exitcode 1 "$bin/$stage" $shape --warmup 0 --reps 1 \
@@ -92,19 +93,24 @@ phase_sanitize() {
   [ $failures -eq 0 ]
 }
 
-# One stage at one shape, appended to a CSV; a big problem gets fewer repetitions.
+# One stage at one shape, appended to a CSV; a big problem gets fewer repetitions. Arguments after
+# the shape (--causal) go to the stage.
 run_point() {
   local csv=$1 stage=$2 b=$3 h=$4 n=$5 d=$6 reps=10 warmup=3
+  shift 6
   if [ $((b * h * n * n / 1000000 * d)) -gt 500000 ]; then reps=3 warmup=1; fi
   "$bin/$stage" --batch "$b" --heads "$h" --seq "$n" --dim "$d" --warmup $warmup --reps $reps --check-rows 64 \
-    --csv "$csv" >>"$out/logs/bench.log" 2>&1
+    --csv "$csv" "$@" >>"$out/logs/bench.log" 2>&1
 }
 
 phase_bench() {
   local csv="$out/data/results.csv" failed=0
   rm -f "$csv"
   for stage in $(gpu_stages); do
-    for n in 512 1024 2048 4096 8192 16384; do run_point "$csv" "$stage" $((16384 / n)) 16 $n 128 || failed=$((failed + 1)); done
+    for n in 512 1024 2048 4096 8192 16384; do
+      run_point "$csv" "$stage" $((16384 / n)) 16 $n 128 || failed=$((failed + 1))
+      run_point "$csv" "$stage" $((16384 / n)) 16 $n 128 --causal || failed=$((failed + 1))
+    done
     run_point "$csv" "$stage" 1 64 1024 128 || failed=$((failed + 1))
     run_point "$csv" "$stage" 2 64 4096 128 || failed=$((failed + 1))
     run_point "$csv" "$stage" 4 64 8192 128 || failed=$((failed + 1))
@@ -131,16 +137,27 @@ phase_memory() {
 }
 
 phase_torch() {
+  local stages
+  stages=$(gpu_stages | cut -c1-2 | paste -sd, -)
   python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --shapes seed001 seed004 \
-    --stages "$(gpu_stages | cut -c1-2 | paste -sd, -)" \
-    --out "$out/data/torch.csv" >"$out/logs/torch.log" 2>&1
+    --stages "$stages" --out "$out/data/torch.csv" >"$out/logs/torch.log" 2>&1
   local status=$?
+  # Causal: the FP16/BF16 stages (07 and later) beside PyTorch's fused backends with is_causal=True.
+  local fast
+  fast=$(gpu_stages | cut -c1-2 | awk '$1 >= 7' | paste -sd, -)
+  if [ -n "$fast" ]; then
+    python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --shapes seed001 --causal on \
+      --stages "$fast" --peers torch_flash,torch_cudnn --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
+      status=1
+  fi
   note "torch: $([ $status -eq 0 ] && echo ok || echo FAILED) ($(($(wc -l <"$out/data/torch.csv" 2>/dev/null || echo 1) - 1)) rows)"
   return $status
 }
 
 phase_ceilings() {
-  python3 "$repo/scripts/ceilings.py" --out "$out/data/ceilings.csv" >"$out/logs/ceilings.log" 2>&1
+  local mma=()
+  [ -x "$bin/fa_mma_ceiling" ] && mma=(--mma-ceiling "$bin/fa_mma_ceiling")
+  python3 "$repo/scripts/ceilings.py" --out "$out/data/ceilings.csv" "${mma[@]}" >"$out/logs/ceilings.log" 2>&1
   local status=$?
   note "ceilings: $([ $status -eq 0 ] && echo ok || echo FAILED)"
   sed 's/^/  /' "$out/data/ceilings.csv" 2>/dev/null | tee -a "$summary"

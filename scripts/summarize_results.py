@@ -21,7 +21,27 @@ def main(path: str) -> int:
     print("TFLOP/s by shape (BxHxNxD)".ljust(24) + "".join(s.rjust(width + 1) for s in stages))
     for shape in shapes:
         print(shape.ljust(24) + "".join(cells.get((s, shape), "-").rjust(width + 1) for s in stages))
+    print_causal_ratios(rows, list(stages), width)
     return 0
+
+
+def print_causal_ratios(rows, stages, width):
+    """Causal median time over non-causal median time, where a shape has both (the skip pays when < 0.6)."""
+    times = {}
+    for row in rows:
+        if row["status"] == "ok":
+            shape = f"{row['B']}x{row['H']}x{row['N']}x{row['D']}"
+            times[(row["stage"], shape, row["causal"] == "1")] = float(row["ms_median"])
+    shapes = list(OrderedDict.fromkeys(shape for (_, shape, causal) in times if causal))
+    if not shapes:
+        return
+    print("causal / non-causal time".ljust(24) + "".join(s.rjust(width + 1) for s in stages))
+    for shape in shapes:
+        cells = []
+        for stage in stages:
+            full, masked = times.get((stage, shape, False)), times.get((stage, shape, True))
+            cells.append(f"{masked / full:.2f}" if full and masked else "-")
+        print(shape.ljust(24) + "".join(c.rjust(width + 1) for c in cells))
 
 
 if __name__ == "__main__":

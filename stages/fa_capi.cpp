@@ -68,8 +68,10 @@ int prepare(const char* stage_id, int64_t batch, int64_t heads, int64_t seq, int
   if (stage == nullptr) {
     return fail(FA_UNKNOWN_STAGE, std::string("unknown stage '") + (stage_id ? stage_id : "(null)") + "'");
   }
-  if (causal != 0) return fail(FA_UNSUPPORTED, std::string(stage->id) + ": causal masking is not supported yet");
-  shape = fa::Shape{batch, heads, seq, dim, false};
+  if (causal != 0 && !stage->supports_causal) {
+    return fail(FA_UNSUPPORTED, std::string(stage->id) + ": this stage has no causal masking");
+  }
+  shape = fa::Shape{batch, heads, seq, dim, causal != 0};
   const std::string problem = fa::validate_shape(shape, stage->max_dim);
   if (!problem.empty()) return fail(FA_INVALID_SHAPE, std::string(stage->id) + ": " + problem);
   return FA_OK;

@@ -98,4 +98,25 @@ void contract_poison(const StageDescriptor& stage) {
   CHECK(outcome.errors.non_finite == 0);
 }
 
+void contract_causal(const StageDescriptor& stage) {
+  require_stage_runnable(stage);
+  // Every shape of the table, masked: N = 1 (the one row sees only itself), N below any tile,
+  // and N = 517, 257, 130 whose diagonal crosses partial tiles. Row 0 of every problem sees key 0
+  // alone, so its output must be V's row 0 (the reference checks every row).
+  uint64_t seed = 100;
+  for (Shape shape : contract_shapes(stage)) {
+    shape.causal = true;
+    check_stage_on(stage, random_inputs(shape, seed++));
+  }
+  // Logits of magnitude 1e3: a masked key with a large score that leaked into the row maximum
+  // would underflow every visible exponential to 0 and leave 0/0.
+  Shape large{2, 1, 300, std::min<int64_t>(64, stage.max_dim)};
+  large.causal = true;
+  check_stage_on(stage, large_logit_inputs(large, 13));
+  // Many query tiles on the diagonal and B·H > 1, with every output element poisoned first.
+  Shape many{2, 3, 1000, std::min<int64_t>(128, stage.max_dim)};
+  many.causal = true;
+  check_stage_on(stage, random_inputs(many, 17));
+}
+
 }  // namespace fa::test

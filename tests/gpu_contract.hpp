@@ -37,6 +37,7 @@ void contract_walkthrough(const StageDescriptor& stage);
 void contract_well_conditioned(const StageDescriptor& stage);
 void contract_large_logits(const StageDescriptor& stage);
 void contract_poison(const StageDescriptor& stage);
+void contract_causal(const StageDescriptor& stage);
 
 }  // namespace fa::test
 
@@ -49,4 +50,5 @@ void contract_poison(const StageDescriptor& stage);
   TEST_CASE(prefix ": logits of magnitude 1e3 stay finite and correct") {                                       \
     fa::test::contract_large_logits(factory());                                                                 \
   }                                                                                                             \
-  TEST_CASE(prefix ": writes every output element (NaN poison)") { fa::test::contract_poison(factory()); }
+  TEST_CASE(prefix ": writes every output element (NaN poison)") { fa::test::contract_poison(factory()); }      \
+  TEST_CASE(prefix ": causal masking matches the reference") { fa::test::contract_causal(factory()); }
