@@ -1,5 +1,5 @@
 // Stage 04: the shared GPU contract; the per-tile online-softmax state (m, l and O after every K/V
-// tile) against the exact one; more heads than one grid dimension holds.
+// tile) against the exact one, with and without causal masking; many heads.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -70,6 +70,15 @@ TEST_CASE("stage04: trace matches the exact per-tile state with a partial last t
   check_trace(fa::random_inputs(fa::Shape{2, 3, 7, 5, false}, 11));
 }
 
+// With causal masking the trace kernel runs every tile (the skipped ones wholly masked), so the
+// state after a tile above a row's diagonal must be that row's final state.
+TEST_CASE("stage04: trace matches the exact per-tile state with causal masking") {
+  fa::Inputs walkthrough = fa::walkthrough_inputs();
+  walkthrough.shape.causal = true;
+  check_trace(walkthrough);
+  check_trace(fa::random_inputs(fa::Shape{2, 3, 7, 5, true}, 12));
+}
+
 // No GPU needed: the trace is compiled for the walkthrough's tiles only.
 TEST_CASE("stage04: trace refuses tile sizes other than the walkthrough's") {
   const fa::StageDescriptor stage = fa::stages::online_softmax();
@@ -82,9 +91,12 @@ TEST_CASE("stage04: trace refuses tile sizes other than the walkthrough's") {
   }
 }
 
-// grid.y holds at most 65535 heads; the kernel strides over the rest.
-TEST_CASE("stage04: B*H beyond the grid's 65535 (heads stride over grid.y)") {
+// B·H = 65792 heads: the work items (query tile, head) are numbered in one grid dimension, with the
+// head the fast index under causal masking and the slow one without.
+TEST_CASE("stage04: B*H = 65792 heads, causal and not") {
   const fa::StageDescriptor stage = fa::stages::online_softmax();
   fa::test::require_stage_runnable(stage);
-  fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{257, 256, 3, 5, false}, 3));
+  for (const bool causal : {false, true}) {
+    fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{257, 256, 3, 5, causal}, 3));
+  }
 }

@@ -1,6 +1,7 @@
 // Stage 05: float4 loads and register micro-tiles. Besides the shared contract, the scalar
 // fallback of the hybrid loader: head dims that are not multiples of 4, and tensors that are not
-// 16-byte aligned, must give the same answer as the float4 path.
+// 16-byte aligned, must give the same answer as the float4 path, with and without causal masking
+// (a separate instantiation of the kernel).
 //
 // The structural tests (tests/CMakeLists.txt) check that the kernel really moves 128 bits at a
 // time: the PTX of stages/05_float4/float4_tiles.cu, for sm_90 and sm_75, must match
@@ -29,8 +30,9 @@ FA_GPU_STAGE_CONTRACT("stage05", fa::stages::float4_tiles)
 namespace {
 
 // 150 keys: two full 64-key tiles and a partial one (four and a partial for the 32-key
-// configurations of smaller GPUs); B·H = 4.
-fa::Shape shape_with_dim(int64_t dim) { return fa::Shape{2, 2, 150, dim}; }
+// configurations of smaller GPUs); B·H = 4. With causal masking the diagonal crosses a partial
+// query tile and a partial key tile.
+fa::Shape shape_with_dim(int64_t dim, bool causal = false) { return fa::Shape{2, 2, 150, dim, causal}; }
 
 // Offsets, in floats, of each tensor from the start of its (256-byte aligned) allocation.
 struct Offsets {
@@ -89,6 +91,13 @@ TEST_CASE("stage05: scalar fallback matches the reference when D % 4 != 0") {
   fa::test::check_stage_on(stage, fa::random_inputs(shape_with_dim(dim), static_cast<uint64_t>(500 + dim)));
 }
 
+TEST_CASE("stage05: causal masking on the scalar fallback, D % 4 != 0") {
+  const fa::StageDescriptor stage = fa::stages::float4_tiles();
+  fa::test::require_stage_runnable(stage);
+  const int64_t dim = GENERATE(1, 5, 127);
+  fa::test::check_stage_on(stage, fa::random_inputs(shape_with_dim(dim, true), static_cast<uint64_t>(550 + dim)));
+}
+
 TEST_CASE("stage05: float4 path matches the reference at D = 4, 64, 100, 128, 256") {
   const fa::StageDescriptor stage = fa::stages::float4_tiles();
   fa::test::require_stage_runnable(stage);
@@ -96,32 +105,40 @@ TEST_CASE("stage05: float4 path matches the reference at D = 4, 64, 100, 128, 25
   fa::test::check_stage_on(stage, fa::random_inputs(shape_with_dim(dim), static_cast<uint64_t>(600 + dim)));
 }
 
+TEST_CASE("stage05: causal masking on the float4 path, every head-dim bucket") {
+  const fa::StageDescriptor stage = fa::stages::float4_tiles();
+  fa::test::require_stage_runnable(stage);
+  const int64_t dim = GENERATE(4, 64, 128, 256);
+  fa::test::check_stage_on(stage, fa::random_inputs(shape_with_dim(dim, true), static_cast<uint64_t>(650 + dim)));
+}
+
 TEST_CASE("stage05: scalar fallback for pointers that are not 16-byte aligned") {
   const fa::StageDescriptor stage = fa::stages::float4_tiles();
   fa::test::require_stage_runnable(stage);
   // D = 64 and 128 would take the float4 path if the pointers were aligned.
   const int64_t dim = GENERATE(64, 128);
-  const fa::Inputs inputs = fa::random_inputs(shape_with_dim(dim), static_cast<uint64_t>(700 + dim));
+  const bool causal = GENERATE(false, true);
+  const fa::Inputs inputs = fa::random_inputs(shape_with_dim(dim, causal), static_cast<uint64_t>(700 + dim));
   check_with_offsets(stage, inputs, Offsets{0, 0, 0, 0});  // aligned: the float4 path
   check_with_offsets(stage, inputs, Offsets{1, 1, 1, 1});  // every tensor one float off
   check_with_offsets(stage, inputs, Offsets{0, 2, 0, 0});  // one input 8 bytes off
   check_with_offsets(stage, inputs, Offsets{0, 0, 0, 3});  // only the output off
 }
 
-TEST_CASE("stage05: more heads than grid.y holds (B·H = 65539)") {
+// B·H = 65539 heads: the work items (query tile, head) are numbered in one grid dimension, with the
+// head the fast index under causal masking and the slow one without.
+TEST_CASE("stage05: many heads (B·H = 65539), causal and not") {
   const fa::StageDescriptor stage = fa::stages::float4_tiles();
   fa::test::require_stage_runnable(stage);
-  fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{65539, 1, 3, 4}, 800));
+  const bool causal = GENERATE(false, true);
+  fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{65539, 1, 3, 4, causal}, 800));
 }
 
-TEST_CASE("stage05: rejects D above 256 and causal shapes without launching") {
+TEST_CASE("stage05: rejects D above 256 and null tensors without launching") {
   const fa::StageDescriptor stage = fa::stages::float4_tiles();
   float unused = 0.0f;
   const fa::Shape too_wide{1, 1, 8, 257};
   CHECK(stage.forward(too_wide, &unused, &unused, &unused, &unused, nullptr, nullptr) == cudaErrorInvalidValue);
-  fa::Shape causal{1, 1, 8, 64};
-  causal.causal = true;
-  CHECK(stage.forward(causal, &unused, &unused, &unused, &unused, nullptr, nullptr) == cudaErrorInvalidValue);
   CHECK(stage.forward(fa::Shape{1, 1, 8, 64}, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr) ==
         cudaErrorInvalidValue);
 }

@@ -47,6 +47,24 @@ TEST_CASE("stage06: every bucket, with 16-byte loads into padded columns") {
   }
 }
 
+TEST_CASE("stage06: causal masking in every bucket, on both load paths") {
+  const fa::StageDescriptor stage = fa::stages::wmma_tensor_cores();
+  fa::test::require_stage_runnable(stage);
+  CHECK(stage.supports_causal);
+  // N = 1 and 40 (inside the first query tile and the first K/V tile), 64 (exactly one tile),
+  // 130 and 333 (several query tiles, the diagonal crossing partial tiles). D = 256 has 16-key
+  // tiles, four on each diagonal: the block's first warps skip the later ones. 17 and 100 take
+  // the element-by-element kernel.
+  uint64_t seed = 630;
+  for (const int64_t seq : {1, 40, 64, 130, 333}) {
+    for (const int64_t dim : {16, 17, 64, 100, 128, 256}) {
+      fa::Shape shape{2, 2, seq, dim};
+      shape.causal = true;
+      fa::test::check_stage_on(stage, fa::random_inputs(shape, seed++));
+    }
+  }
+}
+
 TEST_CASE("stage06: pointers off a 16-byte boundary take the scalar path") {
   const fa::StageDescriptor stage = fa::stages::wmma_tensor_cores();
   fa::test::require_stage_runnable(stage);

@@ -12,10 +12,32 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "../stages/07_fp16_pipelined/ring_choice.hpp"
 #include "catch_compat.hpp"
+#include "fa/device.hpp"
 #include "fa/inputs.hpp"
+#include "fa/runner.hpp"
 #include "fa/stages.hpp"
 #include "gpu_contract.hpp"
+
+namespace {
+
+// Like check_stage_on, but compares only `rows` query rows (the first, the last and random ones)
+// with the reference: for grids too large to check every row in the reference's double loops.
+void check_sampled_rows(const fa::StageDescriptor& stage, const fa::Inputs& inputs, int64_t rows) {
+  fa::RunOptions options;
+  options.shape = inputs.shape;
+  options.time = false;
+  options.check_rows = rows;
+  const fa::RunOutcome outcome = fa::run_stage_on(stage, inputs, options);
+  INFO(stage.id << " at " << fa::describe(inputs.shape) << ": " << outcome.row.status << " " << outcome.row.note);
+  CHECK(outcome.row.status == "ok");
+  CHECK(outcome.checked);
+  CHECK(outcome.errors.non_finite == 0);
+  CHECK(outcome.errors.max_abs_err <= outcome.errors.tolerance);
+}
+
+}  // namespace
 
 FA_GPU_STAGE_CONTRACT("stage07", fa::stages::pipelined_fp16)
 
@@ -35,14 +57,21 @@ TEST_CASE("stage07: bf16 survives logits of magnitude 1e3") {
 TEST_CASE("stage07: bf16 writes every output element (NaN poison)") {
   fa::test::contract_poison(fa::stages::pipelined_bf16());
 }
+TEST_CASE("stage07: bf16 causal masking matches the reference") {
+  fa::test::contract_causal(fa::stages::pipelined_bf16());
+}
 
 TEST_CASE("stage07: head dims that are not multiples of 8 take the synchronous path") {
-  // 197 keys: several ring turns and a partial tile in every bucket; B·H = 4.
+  // 197 keys: several ring turns and a partial tile in every bucket; B·H = 4; causal or not.
   for (const fa::StageDescriptor& stage : {fa::stages::pipelined_fp16(), fa::stages::pipelined_bf16()}) {
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 700;
-    for (const int64_t dim : {1, 2, 17, 100}) {
-      fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{2, 2, 197, dim}, seed++));
+    for (const bool causal : {false, true}) {
+      for (const int64_t dim : {1, 2, 17, 100, 200}) {
+        fa::Shape shape{2, 2, 197, dim};
+        shape.causal = causal;
+        fa::test::check_stage_on(stage, fa::random_inputs(shape, seed++));
+      }
     }
   }
 }
@@ -50,13 +79,54 @@ TEST_CASE("stage07: head dims that are not multiples of 8 take the synchronous p
 TEST_CASE("stage07: every bucket through the ring, with zero-filled padding columns and tail rows") {
   // D % 8 == 0 takes cp.async; 8, 24, 40, 72 and 136 also leave padding columns in their bucket.
   // N = 1 (one partial tile), 31 (less than the first tile), 130 and 333 (many ring turns, with a
-  // partial tail tile in every bucket).
+  // partial tail tile in every bucket). Causal too: fewer tiles than the ring has stages for the
+  // first query tiles (the prologue must issue only those), and at D = 256 four 16-key tiles on
+  // each diagonal, of which the block's first warps skip the later ones.
   for (const fa::StageDescriptor& stage : {fa::stages::pipelined_fp16(), fa::stages::pipelined_bf16()}) {
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 710;
-    for (const int64_t seq : {1, 31, 130, 333}) {
-      for (const int64_t dim : {8, 16, 24, 32, 40, 64, 72, 128, 136, 256}) {
-        fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{1, 2, seq, dim}, seed++));
+    for (const bool causal : {false, true}) {
+      for (const int64_t seq : {1, 31, 130, 333}) {
+        for (const int64_t dim : {8, 16, 24, 32, 40, 64, 72, 128, 136, 256}) {
+          fa::Shape shape{1, 2, seq, dim};
+          shape.causal = causal;
+          fa::test::check_stage_on(stage, fa::random_inputs(shape, seed++));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("stage07: both rings at D = 128, both copy paths, causal or not") {
+  // forward() picks 64-key tiles x 2 stages or 32-key tiles x 3 by ring_choice.hpp's rule; the
+  // shapes are chosen by that rule, so each ring runs whatever its thresholds are. D = 128 and
+  // 120 (padding columns) take cp.async, D = 100 the synchronous path.
+  const int64_t query_rows = 64;  // the kernel's Br
+  for (const fa::StageDescriptor& stage : {fa::stages::pipelined_fp16(), fa::stages::pipelined_bf16()}) {
+    fa::test::require_stage_runnable(stage);
+    const int64_t multiprocessors = fa::query_device().multiprocessors;
+    const auto blocks = [&](const fa::Shape& shape) {
+      return (shape.seq + query_rows - 1) / query_rows * shape.heads_total();
+    };
+    uint64_t seed = 760;
+    for (const bool causal : {false, true}) {
+      for (const int64_t dim : {128, 120, 100}) {
+        // The wide ring: small grids (B·H = 4). N = 1, 63 (inside the first tile), 65 (one full tile and
+        // a partial one), 333 (several ring turns and a partial tail); every row checked.
+        for (const int64_t seq : {1, 63, 65, 333}) {
+          fa::Shape shape{2, 2, seq, dim};
+          shape.causal = causal;
+          REQUIRE(fa::stages::stage07::use_wide_tiles(blocks(shape), multiprocessors));
+          fa::test::check_stage_on(stage, fa::random_inputs(shape, seed++));
+        }
+        // The narrow ring: enough heads for more than kWideTilesMaxBlocksPerSm blocks per SM, and
+        // N = 33·32 + 5 for a partial 32-key tail; sampled rows.
+        fa::Shape shape{1, 1, 1061, dim};
+        shape.causal = causal;
+        const int64_t query_tiles = (shape.seq + query_rows - 1) / query_rows;
+        shape.heads = fa::stages::stage07::kWideTilesMaxBlocksPerSm * multiprocessors / query_tiles + 1;
+        REQUIRE_FALSE(fa::stages::stage07::use_wide_tiles(blocks(shape), multiprocessors));
+        check_sampled_rows(stage, fa::random_inputs(shape, seed++), 1024);
       }
     }
   }

@@ -17,3 +17,17 @@ foreach(arch 80 90)
     PATTERN "cp\\.async\\.commit_group" PATTERN "cp\\.async\\.wait_group [0-9]+"
     PATTERN "wmma\\.mma\\.sync\\.aligned\\.row\\.col\\.m16n16k16\\.f32\\.bf16\\.bf16\\.f32")
 endforeach()
+# Stage 08 needs sm_80 (mma.m16n8k16 in BF16, cp.async): raw tensor-core instructions in both
+# precisions, ldmatrix (plain for Q and K, transposing for V), the cp.async ring, and no spills.
+foreach(arch 80 90)
+  fa_add_structural_test(NAME "stage08: PTX issues mma.sync, ldmatrix and cp.async (sm_${arch})"
+    STAGE 08_mma_registers SOURCE mma_registers.cu ARCH ${arch}
+    PATTERN "mma\\.sync\\.aligned\\.m16n8k16\\.row\\.col\\.f32\\.f16\\.f16\\.f32"
+    PATTERN "mma\\.sync\\.aligned\\.m16n8k16\\.row\\.col\\.f32\\.bf16\\.bf16\\.f32"
+    PATTERN "ldmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.shared\\.b16"
+    PATTERN "ldmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.trans\\.shared\\.b16"
+    PATTERN "cp\\.async\\.cg\\.shared\\.global"
+    PATTERN "cp\\.async\\.commit_group" PATTERN "cp\\.async\\.wait_group [0-9]+")
+  fa_add_spill_test(NAME "stage08: ptxas spills nothing to local memory (sm_${arch})"
+    STAGE 08_mma_registers SOURCE mma_registers.cu ARCH ${arch})
+endforeach()

@@ -9,6 +9,11 @@
 // softmax and read once more by the third kernel, so the memory it needs grows with N² and runs
 // out long before the inputs do. And no thread reuses anything it loads: every multiply-add of
 // kernels 1 and 3 loads both of its operands from memory. The later stages remove both costs.
+//
+// Causal masking (query i sees keys 0..i): the scores above the diagonal would be -inf and weigh
+// exp(-inf) = 0, so no kernel touches them. Kernel 1 computes and stores only S[i][0..i], and
+// kernels 2 and 3 read only that part of each row: the upper triangle of S is never written
+// or read (it is still allocated: the layout of S does not change).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,14 +39,22 @@ int64_t blocks_for(int64_t work_items, int64_t items_per_block) {
   return std::min((work_items + items_per_block - 1) / items_per_block, kMaxBlocks);
 }
 
+// How many keys the query of row head · N + i sees: all N, or with causal masking keys 0..i. (The
+// 64-bit remainder is computed only when masking.)
+__device__ int64_t visible_keys(int64_t query_row, int64_t seq, bool causal) {
+  return causal ? query_row % seq + 1 : seq;
+}
+
 // Kernel 1: S[head][i][j] = (q_i · k_j) · scale. Neighbouring threads take neighbouring keys j of
 // the same query i, so their writes to S are contiguous; their reads of k_j are D floats apart.
+// A thread whose key its query does not see skips it: no dot product, nothing written.
 __global__ void scores_kernel(const float* q, const float* k, float* scores, int64_t seq, int dim, float scale,
-                              int64_t total_scores) {
+                              bool causal, int64_t total_scores) {
   for (int64_t index = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; index < total_scores;
        index += int64_t{gridDim.x} * blockDim.x) {
     const int64_t key = index % seq;
     const int64_t query_row = index / seq;  // (head · N + i): the row of Q, and of S
+    if (key >= visible_keys(query_row, seq, causal)) continue;
     const int64_t head = query_row / seq;
     const float* query = q + query_row * dim;
     const float* key_row = k + (head * seq + key) * dim;
@@ -78,39 +91,43 @@ __device__ float block_sum(float value) {
 // Kernel 2: each row of S becomes softmax(row), in place. One block per row: its threads stride
 // over the row, so any N works, and with one row per block few rows are in flight at a time (a few
 // MB at N = 4096), so the second and third sweeps below find the row in cache: DRAM sees S read
-// about once and written once here.
-__global__ void softmax_rows_kernel(float* scores, int64_t seq, int64_t rows) {
+// about once and written once here. A row is its first `keys` scores: N, or i + 1 with causal
+// masking (at least one, so the max is finite and the sum at least exp(0) = 1).
+__global__ void softmax_rows_kernel(float* scores, int64_t seq, bool causal, int64_t rows) {
   for (int64_t row_index = blockIdx.x; row_index < rows; row_index += gridDim.x) {
+    const int64_t keys = visible_keys(row_index, seq, causal);
     // EXERCISE BEGIN: the row max (block_max), the sum of exp(s - max) (block_sum), then write exp(s - max) / sum
     float* row = scores + row_index * seq;
     // Subtracting the row max first makes every exponent <= 0: exp cannot overflow, however large the
     // scores, and the result is unchanged because the factor exp(-max) cancels in the quotient.
     float thread_max = -INFINITY;
-    for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) thread_max = fmaxf(thread_max, row[j]);
+    for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) thread_max = fmaxf(thread_max, row[j]);
     const float row_max = block_max(thread_max);
 
     float thread_sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) thread_sum += expf(row[j] - row_max);
+    for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) thread_sum += expf(row[j] - row_max);
     const float inverse_sum = 1.0f / block_sum(thread_sum);
 
-    for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) row[j] = expf(row[j] - row_max) * inverse_sum;
+    for (int64_t j = threadIdx.x; j < keys; j += blockDim.x) row[j] = expf(row[j] - row_max) * inverse_sum;
     // EXERCISE END
   }
 }
 
-// Kernel 3: O[head][i][d] = sum_j P[head][i][j] · V[head][j][d]. Neighbouring threads take
-// neighbouring d: their reads of V are contiguous, and they all read the same P element.
-__global__ void output_kernel(const float* probabilities, const float* v, float* o, int64_t seq, int dim,
+// Kernel 3: O[head][i][d] = sum_j P[head][i][j] · V[head][j][d], over the keys row i sees.
+// Neighbouring threads take neighbouring d: their reads of V are contiguous, and they all read the
+// same P element.
+__global__ void output_kernel(const float* probabilities, const float* v, float* o, int64_t seq, int dim, bool causal,
                               int64_t total_outputs) {
   for (int64_t index = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; index < total_outputs;
        index += int64_t{gridDim.x} * blockDim.x) {
     const int d = static_cast<int>(index % dim);
     const int64_t query_row = index / dim;
     const int64_t head = query_row / seq;
+    const int64_t keys = visible_keys(query_row, seq, causal);
     const float* p_row = probabilities + query_row * seq;
     const float* v_column = v + head * seq * dim + d;
     float sum = 0.0f;
-    for (int64_t j = 0; j < seq; ++j) sum += p_row[j] * v_column[j * dim];
+    for (int64_t j = 0; j < keys; ++j) sum += p_row[j] * v_column[j * dim];
     o[index] = sum;
   }
 }
@@ -123,21 +140,22 @@ int64_t workspace_bytes(const Shape& shape) {
 
 cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void* workspace,
                     cudaStream_t stream) {
-  if (!validate_shape(shape, kMaxDim).empty() || shape.causal || workspace == nullptr) return cudaErrorInvalidValue;
+  if (!validate_shape(shape, kMaxDim).empty() || workspace == nullptr) return cudaErrorInvalidValue;
   const int dim = static_cast<int>(shape.dim);
   float* scores = static_cast<float*>(workspace);
   const int64_t total_scores = shape.heads_total() * shape.seq * shape.seq;
 
   scores_kernel<<<blocks_for(total_scores, kThreads), kThreads, 0, stream>>>(
       static_cast<const float*>(q), static_cast<const float*>(k), scores, shape.seq, dim, softmax_scale(shape),
-      total_scores);
+      shape.causal, total_scores);
   FA_LAUNCH_TRY();
 
-  softmax_rows_kernel<<<blocks_for(shape.rows(), 1), kThreads, 0, stream>>>(scores, shape.seq, shape.rows());
+  softmax_rows_kernel<<<blocks_for(shape.rows(), 1), kThreads, 0, stream>>>(scores, shape.seq, shape.causal,
+                                                                            shape.rows());
   FA_LAUNCH_TRY();
 
   output_kernel<<<blocks_for(shape.elements(), kThreads), kThreads, 0, stream>>>(
-      scores, static_cast<const float*>(v), static_cast<float*>(o), shape.seq, dim, shape.elements());
+      scores, static_cast<const float*>(v), static_cast<float*>(o), shape.seq, dim, shape.causal, shape.elements());
   FA_LAUNCH_TRY();
   return cudaSuccess;
 }
@@ -154,6 +172,7 @@ StageDescriptor naive_gpu() {
   stage.workspace_bytes = &workspace_bytes;
   stage.max_dim = kMaxDim;
   stage.min_compute_capability = 75;
+  stage.supports_causal = true;
   stage.trace = nullptr;
   stage.source_hash = FA_SOURCE_HASH;
   return stage;

@@ -17,6 +17,10 @@
 // a row, each holding kDimsPerThread of its head dims (d = slice, slice + kThreadsPerRow, ...) of
 // q and of the output in registers; keys and values stream through shared memory kBlockKeys rows
 // at a time.
+//
+// Causal masking (query i sees keys 0..i): every sweep stops at the last K/V tile the block's last
+// row can see, so tiles wholly above the diagonal are never loaded; only the tiles that cross the
+// diagonal are masked key by key; the blocks with the most tiles are launched first.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,10 +36,10 @@ namespace fa::stages {
 namespace {
 
 constexpr int64_t kMaxDim = 256;
-constexpr int kKeysPerTile = 32;       // Bc: keys (and values) per shared-memory tile
-constexpr int kDimsPerThread = 16;     // head dims of q and of the output each thread keeps in registers
-constexpr int kThreadsPerBlock = 256;  // for the timed runs, whatever the head dim
-constexpr int64_t kMaxGridY = 65535;
+constexpr int kKeysPerTile = 32;           // Bc: keys (and values) per shared-memory tile
+constexpr int kDimsPerThread = 16;         // head dims of q and of the output each thread keeps in registers
+constexpr int kThreadsPerBlock = 256;      // for the timed runs, whatever the head dim
+constexpr int64_t kMaxGridX = 2147483647;  // blocks beyond it are covered by the grid-stride loop
 
 // The compiled head dims. A smaller D runs in the next one up with its extra dims zero, which
 // changes no dot product.
@@ -58,6 +62,7 @@ struct Attention {
   int64_t seq;
   int dim;
   float scale;
+  bool causal;  // query i sees keys 0..i only
 };
 
 // This thread's share of its query row, pre-multiplied by the softmax scale (once per element, not
@@ -97,10 +102,9 @@ __device__ void load_tile(float* tile, const float* head_rows, int64_t first_key
 // scores, bit for bit (each pairwise sum is commutative), and they all agree on max and sum. The
 // threads of a row read neighbouring floats of a key (their dims interleave), so the reads hit
 // different banks, and all rows read the same key at once: a broadcast.
-// Keys past the sequence end score -inf: they never raise the max, and their weight is exp(-inf) = 0.
 template <int kBlockKeys, int kHeadDim>
-__device__ void tile_scores(const float (&q)[kDimsPerThread], const float* k_tile, int slice, int64_t first_key,
-                            int64_t seq, unsigned lanes, float (&scores)[kBlockKeys]) {
+__device__ void tile_scores(const float (&q)[kDimsPerThread], const float* k_tile, int slice, unsigned lanes,
+                            float (&scores)[kBlockKeys]) {
 #pragma unroll
   for (int key = 0; key < kBlockKeys; ++key) {
     float dot = 0.0f;
@@ -111,7 +115,58 @@ __device__ void tile_scores(const float (&q)[kDimsPerThread], const float* k_til
     for (int offset = kThreadsPerRow<kHeadDim> / 2; offset > 0; offset /= 2) {
       dot += __shfl_xor_sync(lanes, dot, offset);
     }
-    scores[key] = first_key + key < seq ? dot : -INFINITY;
+    scores[key] = dot;
+  }
+}
+
+// The keys one block's rows may see, and the query tile of one head it covers.
+struct BlockWork {
+  int64_t head;
+  int64_t first_query;
+  int64_t key_end;       // no row of the block sees a key at or past it: later tiles are skipped
+  int64_t unmasked_end;  // every row sees every key before it: tiles ending there need no mask
+};
+
+// Without masking every query tile costs the same, and work items run through the query tiles of
+// one head, then the next: blocks resident together read the same head's K and V, shared in L2.
+// With causal masking query tile t needs the keys up to its last row only, so its cost grows with
+// t, and the items go heaviest first: the last query tile of every head, then the one before, and
+// so on. Blocks start roughly in the order of blockIdx.x, so the long blocks start at once and the
+// short ones fill the SMs as the long ones finish (longest-processing-time-first scheduling): no
+// long block, started last, keeps the kernel running on a few SMs.
+template <int kBlockRows>
+__device__ BlockWork block_work(const Attention& attention, int64_t query_tiles, int64_t work) {
+  BlockWork block;
+  if (attention.causal) {
+    block.head = work % attention.heads_total;
+    block.first_query = (query_tiles - 1 - work / attention.heads_total) * kBlockRows;
+    // Row i sees keys 0..i: the block's last row first_query + kBlockRows - 1 sees the most, its
+    // first row the fewest.
+    block.key_end = min(attention.seq, block.first_query + kBlockRows);
+    block.unmasked_end = min(attention.seq, block.first_query + 1);
+  } else {
+    block.head = work / query_tiles;
+    block.first_query = (work % query_tiles) * kBlockRows;
+    block.key_end = attention.seq;
+    block.unmasked_end = attention.seq;
+  }
+  return block;
+}
+
+// The tile's scores for a row that sees the keys before row_key_end: the others (past the sequence
+// end, and with causal masking after the row's own position) score -inf. They never raise the max,
+// and their weight is exp(-inf) = 0. Only a tile that crosses the diagonal or the sequence end
+// needs the key-by-key test; for the others it is one comparison per tile, the same for the whole
+// block.
+template <int kBlockKeys, int kHeadDim>
+__device__ void visible_scores(const float (&q)[kDimsPerThread], const float* k_tile, int slice, unsigned lanes,
+                               const BlockWork& block, int64_t first_key, int64_t row_key_end,
+                               float (&scores)[kBlockKeys]) {
+  tile_scores<kBlockKeys, kHeadDim>(q, k_tile, slice, lanes, scores);
+  if (first_key + kBlockKeys <= block.unmasked_end) return;
+#pragma unroll
+  for (int key = 0; key < kBlockKeys; ++key) {
+    if (first_key + key >= row_key_end) scores[key] = -INFINITY;
   }
 }
 
@@ -127,7 +182,8 @@ __device__ void store_output_slice(const Attention& attention, int64_t head, int
   }
 }
 
-// grid.x: query tiles of one head; grid.y: heads (striding when B·H passes the grid's 65535).
+// One work item per query tile of one head, numbered as block_work says; a grid-stride loop over
+// them, so any B·H·N fits in the grid.
 template <int kBlockRows, int kBlockKeys, int kHeadDim>
 __global__ void __launch_bounds__(kBlockRows* kThreadsPerRow<kHeadDim>)
     three_pass_attention(const Attention attention) {
@@ -141,25 +197,33 @@ __global__ void __launch_bounds__(kBlockRows* kThreadsPerRow<kHeadDim>)
   float* v_tile = shared + kBlockKeys * kHeadDim;  // [kBlockKeys][kHeadDim]
 
   const int slice = threadIdx.x % kThreadsPerRow<kHeadDim>;
-  const int64_t query = int64_t{blockIdx.x} * kBlockRows + threadIdx.x / kThreadsPerRow<kHeadDim>;
+  const int64_t query_tiles = (attention.seq + kBlockRows - 1) / kBlockRows;
+  const int64_t work_items = query_tiles * attention.heads_total;
 
-  for (int64_t head = blockIdx.y; head < attention.heads_total; head += gridDim.y) {
+  for (int64_t work = blockIdx.x; work < work_items; work += gridDim.x) {
+    const BlockWork block = block_work<kBlockRows>(attention, query_tiles, work);
+    const int64_t head = block.head;
+    const int64_t query = block.first_query + threadIdx.x / kThreadsPerRow<kHeadDim>;
     const int64_t head_offset = head * attention.seq * attention.dim;
     float q[kDimsPerThread];
     load_query_slice<kHeadDim>(attention, head, query, slice, q);
+    // This row sees the keys before row_key_end (rows past N get N: they store nothing).
+    const int64_t row_key_end = attention.causal ? min(attention.seq, query + 1) : attention.seq;
 
     float o[kDimsPerThread] = {};  // the output, this thread's dims
 
     // EXERCISE BEGIN: three sweeps over the key tiles: the row max; the sum of exp(s - max); exp(s - max) / sum · v
-    // Sweep 1: the row max, so that no exponential below can overflow.
+    // Sweep 1: the row max, so that no exponential below can overflow. The sweeps stop at
+    // block.key_end; every row sees key 0, so its max is finite, and the keys it does not see
+    // score -inf: they weigh exp(-inf) = 0 below.
     float row_max = -INFINITY;
-    for (int64_t first_key = 0; first_key < attention.seq; first_key += kBlockKeys) {
+    for (int64_t first_key = 0; first_key < block.key_end; first_key += kBlockKeys) {
       load_tile<kBlockKeys, kHeadDim, kThreads>(k_tile, attention.k + head_offset, first_key, attention.seq,
                                                 attention.dim);
       __syncthreads();  // the tile is complete
 
       float scores[kBlockKeys];
-      tile_scores<kBlockKeys, kHeadDim>(q, k_tile, slice, first_key, attention.seq, kLanes, scores);
+      visible_scores<kBlockKeys, kHeadDim>(q, k_tile, slice, kLanes, block, first_key, row_key_end, scores);
 #pragma unroll
       for (int key = 0; key < kBlockKeys; ++key) row_max = fmaxf(row_max, scores[key]);
       __syncthreads();  // every thread is done with the tile before the next one overwrites it
@@ -167,13 +231,13 @@ __global__ void __launch_bounds__(kBlockRows* kThreadsPerRow<kHeadDim>)
 
     // Sweep 2: the softmax denominator. The scores of sweep 1 are gone: compute them again.
     float row_sum = 0.0f;
-    for (int64_t first_key = 0; first_key < attention.seq; first_key += kBlockKeys) {
+    for (int64_t first_key = 0; first_key < block.key_end; first_key += kBlockKeys) {
       load_tile<kBlockKeys, kHeadDim, kThreads>(k_tile, attention.k + head_offset, first_key, attention.seq,
                                                 attention.dim);
       __syncthreads();
 
       float scores[kBlockKeys];
-      tile_scores<kBlockKeys, kHeadDim>(q, k_tile, slice, first_key, attention.seq, kLanes, scores);
+      visible_scores<kBlockKeys, kHeadDim>(q, k_tile, slice, kLanes, block, first_key, row_key_end, scores);
 #pragma unroll
       for (int key = 0; key < kBlockKeys; ++key) row_sum += __expf(scores[key] - row_max);
       __syncthreads();
@@ -181,7 +245,7 @@ __global__ void __launch_bounds__(kBlockRows* kThreadsPerRow<kHeadDim>)
 
     // Sweep 3: the scores a third time; now each weight is final, and the values can be added up.
     const float inverse_sum = 1.0f / row_sum;
-    for (int64_t first_key = 0; first_key < attention.seq; first_key += kBlockKeys) {
+    for (int64_t first_key = 0; first_key < block.key_end; first_key += kBlockKeys) {
       load_tile<kBlockKeys, kHeadDim, kThreads>(k_tile, attention.k + head_offset, first_key, attention.seq,
                                                 attention.dim);
       load_tile<kBlockKeys, kHeadDim, kThreads>(v_tile, attention.v + head_offset, first_key, attention.seq,
@@ -189,7 +253,7 @@ __global__ void __launch_bounds__(kBlockRows* kThreadsPerRow<kHeadDim>)
       __syncthreads();
 
       float scores[kBlockKeys];
-      tile_scores<kBlockKeys, kHeadDim>(q, k_tile, slice, first_key, attention.seq, kLanes, scores);
+      visible_scores<kBlockKeys, kHeadDim>(q, k_tile, slice, kLanes, block, first_key, row_key_end, scores);
 #pragma unroll
       for (int key = 0; key < kBlockKeys; ++key) {
         const float p = __expf(scores[key] - row_max) * inverse_sum;
@@ -215,9 +279,9 @@ cudaError_t launch(const Attention& attention, cudaStream_t stream) {
   if (kSharedBytes > 48 * 1024) {
     FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
   }
-  const dim3 grid(static_cast<unsigned>((attention.seq + kBlockRows - 1) / kBlockRows),
-                  static_cast<unsigned>(std::min(attention.heads_total, kMaxGridY)));
-  kernel<<<grid, kThreads, kSharedBytes, stream>>>(attention);
+  const int64_t work_items = (attention.seq + kBlockRows - 1) / kBlockRows * attention.heads_total;
+  const auto blocks = static_cast<unsigned>(std::min(work_items, kMaxGridX));
+  kernel<<<blocks, kThreads, kSharedBytes, stream>>>(attention);
   FA_LAUNCH_TRY();
   return cudaSuccess;
 }
@@ -225,12 +289,12 @@ cudaError_t launch(const Attention& attention, cudaStream_t stream) {
 Attention make_attention(const Shape& shape, const void* q, const void* k, const void* v, void* o) {
   return Attention{static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
                    static_cast<float*>(o),       shape.heads_total(),          shape.seq,
-                   static_cast<int>(shape.dim),  softmax_scale(shape)};
+                   static_cast<int>(shape.dim),  softmax_scale(shape),         shape.causal};
 }
 
 cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void* /*workspace*/,
                     cudaStream_t stream) {
-  if (!validate_shape(shape, kMaxDim).empty() || shape.causal) return cudaErrorInvalidValue;
+  if (!validate_shape(shape, kMaxDim).empty()) return cudaErrorInvalidValue;
   const Attention attention = make_attention(shape, q, k, v, o);
   switch (head_dim_bucket(shape.dim)) {
     case 32:
@@ -256,6 +320,7 @@ StageDescriptor tiled_smem() {
   stage.workspace_bytes = nullptr;
   stage.max_dim = kMaxDim;
   stage.min_compute_capability = 75;
+  stage.supports_causal = true;
   stage.trace = nullptr;
   stage.source_hash = FA_SOURCE_HASH;
   return stage;

@@ -15,6 +15,10 @@
 // kThreadsPerRow threads share a row, each holding kDimsPerThread of its head dims (d = slice,
 // slice + kThreadsPerRow, ...) of q and of the output in registers; keys and values stream through
 // shared memory kBlockKeys rows at a time.
+//
+// Causal masking (query i sees keys 0..i): a block stops at the last K/V tile its last row can
+// see, so tiles wholly above the diagonal are never loaded; only the tiles that cross the
+// diagonal are masked key by key; the blocks with the most tiles are launched first.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,10 +36,10 @@ namespace fa::stages {
 namespace {
 
 constexpr int64_t kMaxDim = 256;
-constexpr int kKeysPerTile = 32;       // Bc: keys (and values) per shared-memory tile
-constexpr int kDimsPerThread = 16;     // head dims of q and of the output each thread keeps in registers
-constexpr int kThreadsPerBlock = 256;  // for the timed runs, whatever the head dim
-constexpr int64_t kMaxGridY = 65535;
+constexpr int kKeysPerTile = 32;           // Bc: keys (and values) per shared-memory tile
+constexpr int kDimsPerThread = 16;         // head dims of q and of the output each thread keeps in registers
+constexpr int kThreadsPerBlock = 256;      // for the timed runs, whatever the head dim
+constexpr int64_t kMaxGridX = 2147483647;  // blocks beyond it are covered by the grid-stride loop
 
 // The compiled head dims. A smaller D runs in the next one up with its extra dims zero, which
 // changes no dot product.
@@ -58,6 +62,7 @@ struct Attention {
   int64_t seq;
   int dim;
   float scale;
+  bool causal;  // query i sees keys 0..i only
 };
 
 // Where the per-tile state goes when it is recorded (the walkthrough); null pointers record nothing.
@@ -105,10 +110,9 @@ __device__ void load_tile(float* tile, const float* head_rows, int64_t first_key
 // scores, bit for bit (each pairwise sum is commutative), and they all agree on m and l. The
 // threads of a row read neighbouring floats of a key (their dims interleave), so the reads hit
 // different banks, and all rows read the same key at once: a broadcast.
-// Keys past the sequence end score -inf: they never raise the max, and their weight is exp(-inf) = 0.
 template <int kBlockKeys, int kHeadDim>
-__device__ void tile_scores(const float (&q)[kDimsPerThread], const float* k_tile, int slice, int64_t first_key,
-                            int64_t seq, unsigned lanes, float (&scores)[kBlockKeys]) {
+__device__ void tile_scores(const float (&q)[kDimsPerThread], const float* k_tile, int slice, unsigned lanes,
+                            float (&scores)[kBlockKeys]) {
 #pragma unroll
   for (int key = 0; key < kBlockKeys; ++key) {
     float dot = 0.0f;
@@ -119,7 +123,58 @@ __device__ void tile_scores(const float (&q)[kDimsPerThread], const float* k_til
     for (int offset = kThreadsPerRow<kHeadDim> / 2; offset > 0; offset /= 2) {
       dot += __shfl_xor_sync(lanes, dot, offset);
     }
-    scores[key] = first_key + key < seq ? dot : -INFINITY;
+    scores[key] = dot;
+  }
+}
+
+// The keys one block's rows may see, and the query tile of one head it covers.
+struct BlockWork {
+  int64_t head;
+  int64_t first_query;
+  int64_t key_end;       // no row of the block sees a key at or past it: later tiles are skipped
+  int64_t unmasked_end;  // every row sees every key before it: tiles ending there need no mask
+};
+
+// Without masking every query tile costs the same, and work items run through the query tiles of
+// one head, then the next: blocks resident together read the same head's K and V, shared in L2.
+// With causal masking query tile t needs the keys up to its last row only, so its cost grows with
+// t, and the items go heaviest first: the last query tile of every head, then the one before, and
+// so on. Blocks start roughly in the order of blockIdx.x, so the long blocks start at once and the
+// short ones fill the SMs as the long ones finish (longest-processing-time-first scheduling): no
+// long block, started last, keeps the kernel running on a few SMs.
+template <int kBlockRows>
+__device__ BlockWork block_work(const Attention& attention, int64_t query_tiles, int64_t work) {
+  BlockWork block;
+  if (attention.causal) {
+    block.head = work % attention.heads_total;
+    block.first_query = (query_tiles - 1 - work / attention.heads_total) * kBlockRows;
+    // Row i sees keys 0..i: the block's last row first_query + kBlockRows - 1 sees the most, its
+    // first row the fewest.
+    block.key_end = min(attention.seq, block.first_query + kBlockRows);
+    block.unmasked_end = min(attention.seq, block.first_query + 1);
+  } else {
+    block.head = work / query_tiles;
+    block.first_query = (work % query_tiles) * kBlockRows;
+    block.key_end = attention.seq;
+    block.unmasked_end = attention.seq;
+  }
+  return block;
+}
+
+// The tile's scores for a row that sees the keys before row_key_end: the others (past the sequence
+// end, and with causal masking after the row's own position) score -inf. They never raise the max,
+// and their weight is exp(-inf) = 0. Only a tile that crosses the diagonal or the sequence end
+// needs the key-by-key test; for the others it is one comparison per tile, the same for the whole
+// block.
+template <int kBlockKeys, int kHeadDim>
+__device__ void visible_scores(const float (&q)[kDimsPerThread], const float* k_tile, int slice, unsigned lanes,
+                               const BlockWork& block, int64_t first_key, int64_t row_key_end,
+                               float (&scores)[kBlockKeys]) {
+  tile_scores<kBlockKeys, kHeadDim>(q, k_tile, slice, lanes, scores);
+  if (first_key + kBlockKeys <= block.unmasked_end) return;
+#pragma unroll
+  for (int key = 0; key < kBlockKeys; ++key) {
+    if (first_key + key >= row_key_end) scores[key] = -INFINITY;
   }
 }
 
@@ -151,7 +206,8 @@ __device__ void store_output_slice(const Attention& attention, int64_t head, int
   }
 }
 
-// grid.x: query tiles of one head; grid.y: heads (striding when B·H passes the grid's 65535).
+// One work item per query tile of one head, numbered as block_work says; a grid-stride loop over
+// them, so any B·H·N fits in the grid.
 template <int kBlockRows, int kBlockKeys, int kHeadDim>
 __global__ void __launch_bounds__(kBlockRows* kThreadsPerRow<kHeadDim>)
     online_softmax_attention(const Attention attention, const TraceBuffers trace) {
@@ -165,18 +221,27 @@ __global__ void __launch_bounds__(kBlockRows* kThreadsPerRow<kHeadDim>)
   float* v_tile = shared + kBlockKeys * kHeadDim;  // [kBlockKeys][kHeadDim]
 
   const int slice = threadIdx.x % kThreadsPerRow<kHeadDim>;
-  const int64_t query = int64_t{blockIdx.x} * kBlockRows + threadIdx.x / kThreadsPerRow<kHeadDim>;
+  const int64_t query_tiles = (attention.seq + kBlockRows - 1) / kBlockRows;
+  const int64_t work_items = query_tiles * attention.heads_total;
 
-  for (int64_t head = blockIdx.y; head < attention.heads_total; head += gridDim.y) {
+  for (int64_t work = blockIdx.x; work < work_items; work += gridDim.x) {
+    const BlockWork block = block_work<kBlockRows>(attention, query_tiles, work);
+    const int64_t head = block.head;
+    const int64_t query = block.first_query + threadIdx.x / kThreadsPerRow<kHeadDim>;
     const int64_t head_offset = head * attention.seq * attention.dim;
     float q[kDimsPerThread];
     load_query_slice<kHeadDim>(attention, head, query, slice, q);
+    // This row sees the keys before row_key_end (rows past N get N: they store nothing).
+    const int64_t row_key_end = attention.causal ? min(attention.seq, query + 1) : attention.seq;
 
     float m = -INFINITY;           // the largest score so far
     float l = 0.0f;                // the sum of exp(s - m) so far
     float o[kDimsPerThread] = {};  // the sum of exp(s - m) · v so far, this thread's dims
 
-    for (int64_t first_key = 0; first_key < attention.seq; first_key += kBlockKeys) {
+    // Tiles at or past key_end hold no key any row of the block sees: never loaded. The trace
+    // records the state after every tile, so it runs them all: wholly masked, they change nothing.
+    const int64_t key_end = trace.m != nullptr ? attention.seq : block.key_end;
+    for (int64_t first_key = 0; first_key < key_end; first_key += kBlockKeys) {
       load_tile<kBlockKeys, kHeadDim, kThreads>(k_tile, attention.k + head_offset, first_key, attention.seq,
                                                 attention.dim);
       load_tile<kBlockKeys, kHeadDim, kThreads>(v_tile, attention.v + head_offset, first_key, attention.seq,
@@ -184,14 +249,16 @@ __global__ void __launch_bounds__(kBlockRows* kThreadsPerRow<kHeadDim>)
       __syncthreads();  // both tiles are complete
 
       float scores[kBlockKeys];
-      tile_scores<kBlockKeys, kHeadDim>(q, k_tile, slice, first_key, attention.seq, kLanes, scores);
+      visible_scores<kBlockKeys, kHeadDim>(q, k_tile, slice, kLanes, block, first_key, row_key_end, scores);
 
       // EXERCISE BEGIN: m_new = max(m, tile max); rescale l and o by exp(m - m_new); add exp(s - m_new) and its · v
       float tile_max = -INFINITY;
 #pragma unroll
       for (int key = 0; key < kBlockKeys; ++key) tile_max = fmaxf(tile_max, scores[key]);
-      // Every tile holds at least one real key, so m_new is finite. On the first tile m = -inf and
-      // the correction is exp(-inf) = 0: the empty history vanishes. No exponent is ever positive.
+      // Every row sees key 0, so after the first tile m is finite; on that tile m = -inf and the
+      // correction is exp(-inf) = 0: the empty history vanishes. A later tile can be all -inf for
+      // a row (on the diagonal, keys all after the row): then m_new = m, the correction is 1 and
+      // every p is 0. No exponent is ever positive.
       const float m_new = fmaxf(m, tile_max);
       const float correction = __expf(m - m_new);
       l *= correction;
@@ -213,7 +280,6 @@ __global__ void __launch_bounds__(kBlockRows* kThreadsPerRow<kHeadDim>)
       }
       __syncthreads();  // every thread is done with the tiles before the next ones overwrite them
     }
-
     // O = o / l, once, at the end.
     const float inverse_l = 1.0f / l;
 #pragma unroll
@@ -232,9 +298,9 @@ cudaError_t launch(const Attention& attention, const TraceBuffers& trace, cudaSt
   if (kSharedBytes > 48 * 1024) {
     FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
   }
-  const dim3 grid(static_cast<unsigned>((attention.seq + kBlockRows - 1) / kBlockRows),
-                  static_cast<unsigned>(std::min(attention.heads_total, kMaxGridY)));
-  kernel<<<grid, kThreads, kSharedBytes, stream>>>(attention, trace);
+  const int64_t work_items = (attention.seq + kBlockRows - 1) / kBlockRows * attention.heads_total;
+  const auto blocks = static_cast<unsigned>(std::min(work_items, kMaxGridX));
+  kernel<<<blocks, kThreads, kSharedBytes, stream>>>(attention, trace);
   FA_LAUNCH_TRY();
   return cudaSuccess;
 }
@@ -242,12 +308,12 @@ cudaError_t launch(const Attention& attention, const TraceBuffers& trace, cudaSt
 Attention make_attention(const Shape& shape, const void* q, const void* k, const void* v, void* o) {
   return Attention{static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
                    static_cast<float*>(o),       shape.heads_total(),          shape.seq,
-                   static_cast<int>(shape.dim),  softmax_scale(shape)};
+                   static_cast<int>(shape.dim),  softmax_scale(shape),         shape.causal};
 }
 
 cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void* /*workspace*/,
                     cudaStream_t stream) {
-  if (!validate_shape(shape, kMaxDim).empty() || shape.causal) return cudaErrorInvalidValue;
+  if (!validate_shape(shape, kMaxDim).empty()) return cudaErrorInvalidValue;
   const Attention attention = make_attention(shape, q, k, v, o);
   const TraceBuffers no_trace;
   switch (head_dim_bucket(shape.dim)) {
@@ -280,7 +346,7 @@ cudaError_t launch_traced(const Attention& attention, const TraceBuffers& trace)
 
 // Runs the Br = Bc = 2 kernel on host inputs and returns its state after every K/V tile.
 cudaError_t trace(const Shape& shape, const float* q, const float* k, const float* v, int64_t tile, TileTrace& out) {
-  if (tile != kTraceTile || !validate_shape(shape, kMaxDim).empty() || shape.causal) return cudaErrorInvalidValue;
+  if (tile != kTraceTile || !validate_shape(shape, kMaxDim).empty()) return cudaErrorInvalidValue;
   const int64_t tiles = (shape.seq + tile - 1) / tile;
   const int64_t states = tiles * shape.rows();
   const std::size_t tensor_bytes = static_cast<std::size_t>(shape.elements()) * sizeof(float);
@@ -325,6 +391,7 @@ StageDescriptor online_softmax() {
   stage.workspace_bytes = nullptr;
   stage.max_dim = kMaxDim;
   stage.min_compute_capability = 75;
+  stage.supports_causal = true;
   stage.trace = &trace;
   stage.source_hash = FA_SOURCE_HASH;
   return stage;

@@ -28,6 +28,11 @@
 // Head dims are compiled in buckets (64, 128, 256); a smaller D runs in the next bucket up with
 // its extra dims zero in shared memory, which changes no dot product and keeps every loop bound a
 // compile-time constant.
+//
+// Causal masking (query i sees keys 0..i) is a second instantiation of the kernel: a block stops
+// at the last K/V tile its last row can see, so tiles wholly above the diagonal are never loaded;
+// only the tiles that cross the diagonal are masked key by key; the blocks with the most tiles are
+// launched first. The non-causal instantiation is the kernel without any of it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -47,7 +52,7 @@ constexpr int kWarpSize = 32;
 constexpr int kRowGroups = 2;                          // row groups per warp: lane & 1
 constexpr int kColumnGroups = kWarpSize / kRowGroups;  // lanes that share a row group: lane >> 1
 constexpr int kMaxDim = 256;
-constexpr int64_t kMaxGridY = 65535;
+constexpr int64_t kMaxGridX = 2147483647;  // blocks beyond it are covered by the grid-stride loop
 constexpr unsigned kFullWarp = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -278,9 +283,44 @@ __device__ __forceinline__ float row_sum(float value) {
   return value;
 }
 
-// grid.x: query tiles of one head; grid.y: heads (striding when B·H passes the grid's 65535).
-// `vectorized` is uniform: D % 4 == 0 and all four tensors 16-byte aligned.
-template <class T>
+// The query tile of one head that a work item covers, and the keys its rows may see.
+struct BlockWork {
+  int64_t head;
+  int first_query;
+  int key_end;       // no row of the block sees a key at or past it: later tiles are skipped
+  int unmasked_end;  // every row sees every key before it: tiles ending there need no mask
+};
+
+// Without masking every query tile costs the same, and work items run through the query tiles of
+// one head, then the next: blocks resident together read the same head's K and V, shared in L2.
+// With causal masking query tile t needs the keys up to its last row only, so its cost grows with
+// t, and the items go heaviest first: the last query tile of every head, then the one before, and
+// so on. Blocks start roughly in the order of blockIdx.x, so the long blocks start at once and the
+// short ones fill the SMs as the long ones finish (longest-processing-time-first scheduling): no
+// long block, started last, keeps the kernel running on a few SMs.
+template <class T, bool kCausal>
+__device__ __forceinline__ BlockWork block_work(int64_t work, int64_t query_tiles, int64_t heads_total, int seq) {
+  BlockWork block;
+  if (kCausal) {
+    block.head = work % heads_total;
+    block.first_query = static_cast<int>(query_tiles - 1 - work / heads_total) * T::kQueryRows;
+    // Row i sees keys 0..i: the block's last row first_query + kQueryRows - 1 sees the most, its
+    // first row the fewest.
+    block.key_end = min(seq, block.first_query + T::kQueryRows);
+    block.unmasked_end = min(seq, block.first_query + 1);
+  } else {
+    block.head = work / query_tiles;
+    block.first_query = static_cast<int>(work % query_tiles) * T::kQueryRows;
+    block.key_end = seq;
+    block.unmasked_end = seq;
+  }
+  return block;
+}
+
+// One work item per query tile of one head, numbered as block_work says; a grid-stride loop over
+// them, so any B·H·N fits in the grid. `vectorized` is uniform: D % 4 == 0 and all four tensors
+// 16-byte aligned.
+template <class T, bool kCausal>
 __global__ void __launch_bounds__(T::kThreads, 1)
     float4_tiles_attention(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                            float* __restrict__ o, int64_t heads_total, int seq, int dim, float score_scale,
@@ -296,7 +336,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int row_group = lane % kRowGroups;
   const int column_group = lane / kRowGroups;
   const int warp_row0 = warp * T::kRowsPerWarp;
-  const int first_query = blockIdx.x * T::kQueryRows;
 
   // Where this thread's micro-tiles start; its other rows, keys and columns are fixed strides away.
   const float* my_q_rows = q_tile + (warp_row0 + row_group) * T::kRowStride;
@@ -304,8 +343,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const float* my_v_cols = v_tile + 4 * column_group;
   float* my_probs = probs + warp * T::kProbWarpStride + row_group * T::kProbGroupStride;
 
-  for (int64_t head = blockIdx.y; head < heads_total; head += gridDim.y) {
-    const int64_t head_offset = head * seq * dim;
+  const int64_t query_tiles = (seq + T::kQueryRows - 1) / T::kQueryRows;
+  for (int64_t work = blockIdx.x; work < query_tiles * heads_total; work += gridDim.x) {
+    const BlockWork block = block_work<T, kCausal>(work, query_tiles, heads_total, seq);
+    const int first_query = block.first_query;
+    const int64_t head_offset = block.head * seq * dim;
     const float* q_head = q + head_offset;
     const float* k_head = k + head_offset;
     const float* v_head = v + head_offset;
@@ -342,27 +384,35 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       for (int c = 0; c < T::kOutputChunks; ++c) out[i][c] = zero4();
     }
 
-    for (int first_key = 0; first_key < seq; first_key += T::kKeysPerTile) {
+    // Tiles at or past key_end hold no key any row of the block sees: never loaded.
+    for (int first_key = 0; first_key < block.key_end; first_key += T::kKeysPerTile) {
       __syncthreads();  // this tile's K and V (and the Q tile) are in shared memory
 
       float scores[T::kRowsPerThread][T::kKeysPerThread];
       score_micro_tile<T>(scores, my_q_rows, my_k_rows);
 
-      // Keys past the sequence end score -inf: they never raise the max and weigh exp2(-inf) = 0.
-      if (first_key + T::kKeysPerTile > seq) {
+      // Keys a row does not see score -inf: those past the sequence end and, with causal masking,
+      // those after the row itself. They never raise the max and weigh exp2(-inf) = 0. Only a tile
+      // that crosses the diagonal or the sequence end needs the key-by-key test: one comparison
+      // per tile, the same for the whole block, skips it on every other tile.
+      if (first_key + T::kKeysPerTile > block.unmasked_end) {
 #pragma unroll
-        for (int j = 0; j < T::kKeysPerThread; ++j) {
-          if (first_key + column_group + kColumnGroups * j >= seq) {
+        for (int i = 0; i < T::kRowsPerThread; ++i) {
+          const int query = first_query + warp_row0 + row_group + kRowGroups * i;
+          const int row_key_end = kCausal ? min(seq, query + 1) : seq;  // rows past N get N
 #pragma unroll
-            for (int i = 0; i < T::kRowsPerThread; ++i) scores[i][j] = -INFINITY;
+          for (int j = 0; j < T::kKeysPerThread; ++j) {
+            if (first_key + column_group + kColumnGroups * j >= row_key_end) scores[i][j] = -INFINITY;
           }
         }
       }
 
       // The online softmax, row by row. All 16 lanes of a row group agree on the new max, so
       // each can keep a partial sum of its own keys: l is the sum of the 16 partial sums, taken
-      // once at the end. Every tile holds at least one real key, so the new max is finite; on
-      // the first tile the old max is -inf and the rescale exp2(-inf) = 0 clears the empty history.
+      // once at the end. Every row sees key 0, so after the first tile the max is finite; on the
+      // first tile the old max is -inf and the rescale exp2(-inf) = 0 clears the empty history. A
+      // later tile can hide every key from a row (on the diagonal): the max stays, the rescale is
+      // 1 and every weight 0.
 #pragma unroll
       for (int i = 0; i < T::kRowsPerThread; ++i) {
         float tile_max = scores[i][0];
@@ -397,7 +447,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
       __syncwarp();  // only this warp reads its P
 
-      const bool has_next = first_key + T::kKeysPerTile < seq;
+      const bool has_next = first_key + T::kKeysPerTile < block.key_end;
       if (T::kPrefetch && has_next) {
         fetch_rows<T, T::kKeysPerTile>(next_keys, k_head, first_key + T::kKeysPerTile, seq, dim, vectorized);
         fetch_rows<T, T::kKeysPerTile>(next_values, v_head, first_key + T::kKeysPerTile, seq, dim, vectorized);
@@ -444,19 +494,20 @@ struct Problem {
   int dim;
   float score_scale;
   bool vectorized;
+  bool causal;
 };
 
-template <class T>
+template <class T, bool kCausal>
 cudaError_t launch(const Problem& problem, cudaStream_t stream) {
-  const auto kernel = float4_tiles_attention<T>;
+  const auto kernel = float4_tiles_attention<T, kCausal>;
   // Beyond 48 KB of dynamic shared memory a kernel must opt in.
   FA_CUDA_TRY(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(T::kSharedBytes)));
-  const dim3 grid(static_cast<unsigned>((problem.seq + T::kQueryRows - 1) / T::kQueryRows),
-                  static_cast<unsigned>(std::min(problem.heads_total, kMaxGridY)));
-  kernel<<<grid, T::kThreads, T::kSharedBytes, stream>>>(problem.q, problem.k, problem.v, problem.o,
-                                                         problem.heads_total, problem.seq, problem.dim,
-                                                         problem.score_scale, problem.vectorized);
+  const int64_t work_items = (problem.seq + T::kQueryRows - 1) / T::kQueryRows * problem.heads_total;
+  const auto blocks = static_cast<unsigned>(std::min(work_items, kMaxGridX));
+  kernel<<<blocks, T::kThreads, T::kSharedBytes, stream>>>(problem.q, problem.k, problem.v, problem.o,
+                                                           problem.heads_total, problem.seq, problem.dim,
+                                                           problem.score_scale, problem.vectorized);
   FA_LAUNCH_TRY();
   return cudaSuccess;
 }
@@ -464,7 +515,9 @@ cudaError_t launch(const Problem& problem, cudaStream_t stream) {
 // Launches the first configuration whose shared memory fits in `shared_limit` bytes.
 template <class T, class... Smaller>
 cudaError_t launch_largest_fitting(std::size_t shared_limit, const Problem& problem, cudaStream_t stream) {
-  if (T::kSharedBytes <= shared_limit) return launch<T>(problem, stream);
+  if (T::kSharedBytes <= shared_limit) {
+    return problem.causal ? launch<T, true>(problem, stream) : launch<T, false>(problem, stream);
+  }
   if constexpr (sizeof...(Smaller) > 0) {
     return launch_largest_fitting<Smaller...>(shared_limit, problem, stream);
   } else {
@@ -476,7 +529,7 @@ bool aligned16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(po
 
 cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void* /*workspace*/,
                     cudaStream_t stream) {
-  if (!validate_shape(shape, kMaxDim).empty() || shape.causal) return cudaErrorInvalidValue;
+  if (!validate_shape(shape, kMaxDim).empty()) return cudaErrorInvalidValue;
   if (q == nullptr || k == nullptr || v == nullptr || o == nullptr) return cudaErrorInvalidValue;
   int device = 0;
   int shared_limit = 0;
@@ -491,7 +544,8 @@ cudaError_t forward(const Shape& shape, const void* q, const void* k, const void
                         static_cast<int>(shape.seq),
                         static_cast<int>(shape.dim),
                         softmax_scale(shape) * kLog2e,
-                        shape.dim % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(o)};
+                        shape.dim % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(o),
+                        shape.causal};
   const auto limit = static_cast<std::size_t>(shared_limit);
   if (shape.dim <= 64) return launch_largest_fitting<Dim64Large, Dim64Small>(limit, problem, stream);
   if (shape.dim <= 128) return launch_largest_fitting<Dim128Large, Dim128Mid, Dim128Small>(limit, problem, stream);
@@ -510,6 +564,7 @@ StageDescriptor float4_tiles() {
   stage.workspace_bytes = nullptr;
   stage.max_dim = kMaxDim;
   stage.min_compute_capability = 75;
+  stage.supports_causal = true;
   stage.trace = nullptr;
   stage.source_hash = FA_SOURCE_HASH;
   return stage;

@@ -15,6 +15,10 @@
 // Inputs and output are FP16; every product is accumulated in FP32. Head dims are compiled in
 // buckets of 16, 32, 64, 128 and 256 (a fragment is 16 wide); any other D is padded with zeros
 // up to the next bucket inside the kernel, which changes no dot product.
+//
+// Causal masking (query i sees keys 0..i): a block stops at the K/V tile that holds its last
+// row's key, so tiles wholly above the diagonal are never loaded; only tiles that cross the
+// diagonal are masked key by key; the blocks with the most tiles are launched first.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
@@ -142,11 +146,12 @@ __device__ __forceinline__ unsigned pack_halves(float low, float high) {
   return *reinterpret_cast<const unsigned*>(&pair);
 }
 
-// One block: 64 query rows of one (batch, head); blockIdx.x = head · query_tiles + query tile.
+// One block: 64 query rows (one query tile) of one (batch, head).
 template <int kDim, bool kVectorIo>
 __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
     wmma_attention_kernel(const __half* __restrict__ q, const __half* __restrict__ k, const __half* __restrict__ v,
-                          __half* __restrict__ o, int seq, int dim, int query_tiles, float scale_log2) {
+                          __half* __restrict__ o, int seq, int dim, int query_tiles, int heads_total, bool causal,
+                          float scale_log2) {
   using T = Tiling<kDim>;
   constexpr int kDimFragments = kDim / kFragment;
   constexpr int kKeyFragments = T::kKeys / kFragment;
@@ -165,9 +170,21 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
   float* factors = reinterpret_cast<float*>(scratch + T::kProbBytes);
   float* output_tile = reinterpret_cast<float*>(scratch);
 
-  const int64_t head = blockIdx.x / query_tiles;
+  // Which query tile of which head. Without masking every block has the same work, and a head's
+  // query tiles are numbered together: blocks resident at once read the same K/V, shared in L2.
+  // With causal masking query tile t reads t + 1 tiles' worth of K/V, so the query tile is the
+  // slow index and runs backwards: the longest blocks start first and the short ones fill in the
+  // tail as they finish (longest-processing-time-first), instead of a late long block running
+  // on alone.
+  const int query_tile = causal ? query_tiles - 1 - static_cast<int>(blockIdx.x) / heads_total
+                                : static_cast<int>(blockIdx.x) % query_tiles;
+  const int64_t head = causal ? blockIdx.x % heads_total : blockIdx.x / query_tiles;
   const int64_t head_offset = head * seq * dim;
-  const int warp_first_row = blockIdx.x % query_tiles * kQueryRows + warp * kFragment;
+  const int block_first_row = query_tile * kQueryRows;
+  const int warp_first_row = block_first_row + warp * kFragment;
+  const int warp_last_row = warp_first_row + kFragment - 1;
+  // Causal: no row of the block sees a key past its last row, so the loop stops at that key.
+  const int key_end = causal ? min(seq, block_first_row + kQueryRows) : seq;
 
   // For the softmax, lanes 2r and 2r+1 own row r of the warp's 16; each takes every other
   // group of 4 columns (the interleaving keeps the score reads free of bank conflicts).
@@ -195,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
   float row_max = -INFINITY;
   float row_sum = 0.0f;
 
-  for (int key_base = 0; key_base < seq; key_base += T::kKeys) {
+  for (int key_base = 0; key_base < key_end; key_base += T::kKeys) {
     const int valid_keys = min(T::kKeys, seq - key_base);
     __syncthreads();  // every warp is done with the previous K/V tile
     load_tile<kDim, T::kKeys, kThreads, kVectorIo>(
@@ -204,6 +221,10 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
                                                    v + head_offset + static_cast<int64_t>(key_base) * dim, valid_keys,
                                                    dim, threadIdx.x);
     __syncthreads();  // the tile is complete
+    // Causal: a tile that starts past the warp's last row is all masked for its 16 rows (it
+    // happens with the 16-key tiles of D = 256, for the block's first warps on the diagonal).
+    // The warp only had to share the load; it skips the products.
+    if (causal && key_base > warp_last_row) continue;
 
     // S = Q K^T for the warp's 16 rows, into its score slice. Two 16-key accumulators at a
     // time: their chains of dependent products interleave, so the tensor core has work while
@@ -247,18 +268,27 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
       s[4 * c + 2] = group.z;
       s[4 * c + 3] = group.w;
     }
-    if (valid_keys < T::kKeys) {  // the last tile: keys past N weigh nothing
+    // Keys past N weigh nothing (the last tile), and with causal masking neither do keys past the
+    // row's own position (tiles that cross the diagonal: some key of the tile lies past the
+    // warp's first row). Every other tile skips the test, one comparison for the whole warp.
+    if (valid_keys < T::kKeys || (causal && key_base + T::kKeys - 1 > warp_first_row)) {
+      const int my_query_row = warp_first_row + my_row;
+      const int visible_keys = causal ? min(valid_keys, my_query_row - key_base + 1) : valid_keys;
 #pragma unroll
       for (int i = 0; i < kScoresPerLane; ++i) {
-        if (8 * (i / 4) + 4 * my_half + i % 4 >= valid_keys) s[i] = -INFINITY;
+        if (8 * (i / 4) + 4 * my_half + i % 4 >= visible_keys) s[i] = -INFINITY;
       }
     }
     float tile_max = -INFINITY;
 #pragma unroll
     for (int i = 0; i < kScoresPerLane; ++i) tile_max = fmaxf(tile_max, s[i]);
     tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 1));
-    // Every tile has at least one key below N, so new_max is finite; on the first tile
-    // row_max is -inf and the rescale factor is 2^-inf = 0.
+    // new_max is finite, so no exponent below is -inf - (-inf). The first tile holds key 0, which
+    // every row sees (key 0 < N, and causal row i sees keys 0..i), so after it row_max is finite;
+    // on it row_max is -inf and the rescale factor is 2^-inf = 0. A later tile whose keys are
+    // all masked for a row (none is, in fact: tiles and warps both start at multiples of 16, so
+    // a tile the warp computes starts at or before each of its rows) would give tile_max = -inf,
+    // new_max = row_max, rescale 1 and p = 2^-inf = 0: it would change nothing.
     const float new_max = fmaxf(row_max, tile_max * scale_log2);
     const float rescale = fast_exp2(row_max - new_max);
     row_max = new_max;
@@ -363,7 +393,8 @@ cudaError_t launch(const Shape& shape, const __half* q, const __half* k, const _
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   const float scale_log2 = softmax_scale(shape) * kLog2e;
   kernel<<<static_cast<unsigned>(blocks), kThreads, T::kSharedBytes, stream>>>(
-      q, k, v, o, static_cast<int>(shape.seq), static_cast<int>(shape.dim), static_cast<int>(query_tiles), scale_log2);
+      q, k, v, o, static_cast<int>(shape.seq), static_cast<int>(shape.dim), static_cast<int>(query_tiles),
+      static_cast<int>(shape.heads_total()), shape.causal, scale_log2);
   FA_LAUNCH_TRY();
   return cudaSuccess;
 }
@@ -380,7 +411,7 @@ bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer
 
 cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void* /*workspace*/,
                     cudaStream_t stream) {
-  if (!validate_shape(shape, kMaxDim).empty() || shape.causal) return cudaErrorInvalidValue;
+  if (!validate_shape(shape, kMaxDim).empty()) return cudaErrorInvalidValue;
   if (q == nullptr || k == nullptr || v == nullptr || o == nullptr) return cudaErrorInvalidValue;
   const auto* q16 = static_cast<const __half*>(q);
   const auto* k16 = static_cast<const __half*>(k);
@@ -406,6 +437,7 @@ StageDescriptor wmma_tensor_cores() {
   stage.forward = &forward;
   stage.workspace_bytes = nullptr;
   stage.max_dim = kMaxDim;
+  stage.supports_causal = true;
   stage.min_compute_capability = 75;
   stage.trace = nullptr;
   stage.source_hash = FA_SOURCE_HASH;

@@ -16,6 +16,13 @@
 // The kernel is a template on the element type: FP16 (__half) or BF16 (__nv_bfloat16), both
 // accumulated in FP32; P is rounded to the input type for the P·V product. cp.async and BF16
 // WMMA need sm_80, so on older GPUs forward() refuses before it launches anything.
+//
+// The ring's shape (keys per tile, stages) is a template parameter too: D = 128 has two, and
+// forward() picks one by the size of the problem (ring_choice.hpp).
+//
+// Causal masking (query i sees keys 0..i): a block stops at the K/V tile that holds its last
+// row's key, so tiles wholly above the diagonal are never copied; only tiles that cross the
+// diagonal are masked key by key; the blocks with the most tiles are launched first.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -30,6 +37,7 @@
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
+#include "ring_choice.hpp"
 
 // The device code of this file uses sm_80 instructions. It still compiles for older targets (the
 // host code must), where the kernel body is a trap that forward() never lets run.
@@ -66,24 +74,22 @@ using Accumulator = wmma::fragment<wmma::accumulator, kFragment, kFragment, kFra
 
 constexpr int max_of(int a, int b) { return a > b ? a : b; }
 
-// Sizes of one head-dim bucket. Every shared-memory row is padded by 8 elements (16 bytes of
-// a 16-bit type, 32 bytes of FP32), so the 8 rows a fragment load or store touches at once
-// start in different banks instead of all in the same one.
-template <int kDim>
+// Sizes of one ring: head-dim bucket kDim, Bc = kKeysPerTile keys per K/V tile, kRingStages K/V
+// tiles in the ring (kRingStages - 1 in flight while one is computed), and the blocks per SM its
+// shared memory leaves room for on an H100/H200 (228 KB), a register cap for the compiler. Every
+// shared-memory row is padded by 8 elements (16 bytes of a 16-bit type, 32 bytes of FP32), so
+// the 8 rows a fragment load or store touches at once start in different banks instead of all in
+// the same one.
+template <int kDimBucket, int kKeysPerTile, int kRingStages, int kBlocksPerSm>
 struct Tiling {
-  // Bc: keys per K/V tile, and kStages: K/V tiles in the ring (kStages - 1 in flight while one
-  // is computed). The ring multiplies the K/V shared memory, so the tiles shrink where it would
-  // cost occupancy: at D = 128, three 32-key stages (68 KB a block) still let three blocks share
-  // an SM of an H100, where two 64-key stages (86 KB) would allow only two. At D = 256 the
-  // 16-key tiles of stage 06 keep two stages.
-  static constexpr int kKeys = kDim <= 64 ? 64 : kDim <= 128 ? 32 : 16;
-  static constexpr int kStages = kDim <= 128 ? 3 : 2;
+  static constexpr int kDim = kDimBucket;
+  static constexpr int kKeys = kKeysPerTile;
+  static constexpr int kStages = kRingStages;
+  static constexpr int kMinBlocksPerSm = kBlocksPerSm;
   // Up to D = 128 a warp keeps its D/16 Q fragments in registers for the whole loop (8 at
   // D = 128, loaded once). At D = 256 those plus the 16 O accumulators would not fit in 255
   // registers, so Q stays in the warp's shared-memory slice and is reloaded for every tile.
   static constexpr bool kQueryInRegisters = kDim <= 128;
-  // Blocks that must fit on one SM at once (a register cap for the compiler).
-  static constexpr int kMinBlocksPerSm = kDim <= 128 ? 3 : 2;
 
   static constexpr int kTileStride = kDim + 8;         // elements per row of Q, K and V
   static constexpr int kScoreStride = kKeys + 8;       // floats per row of S
@@ -113,6 +119,21 @@ struct Tiling {
   static_assert(kDim % kFragment == 0 && kKeys % kFragment == 0, "buckets and tiles are whole fragments");
   static_assert(kStages >= 2, "a pipeline needs a tile in flight while another is computed");
 };
+
+// The ring of each bucket. It multiplies the K/V shared memory, so the tiles shrink where it
+// would cost occupancy: up to D = 64, three 64-key stages (72 KB at D = 64) fit three blocks on
+// an SM. At D = 256 the 16-key tiles of stage 06 keep two stages.
+constexpr int default_keys(int dim) { return dim <= 64 ? 64 : dim <= 128 ? 32 : 16; }
+constexpr int default_stages(int dim) { return dim <= 128 ? 3 : 2; }
+template <int kDim>
+using DefaultTiling = Tiling<kDim, default_keys(kDim), default_stages(kDim), default_stages(kDim)>;
+// D = 128 has two rings. Three 32-key stages (68 KB a block) let three blocks share an SM, as in
+// stage 06, but every key tile costs a barrier, two shuffles and a rescale of O, twice as many
+// per key as with 64-key tiles. Two 64-key stages (86 KB) halve that overhead and leave room for
+// two blocks only. The deep, narrow ring wins where many waves of blocks keep three per SM busy;
+// the wide one on short sequences and small grids (ring_choice.hpp).
+using NarrowTiling128 = DefaultTiling<128>;
+using WideTiling128 = Tiling<128, 64, 2, 2>;
 
 // FP32 -> the element type, and two FP32 values as the 32 bits of a rounded pair (low first).
 template <typename Element>
@@ -152,6 +173,45 @@ __device__ void load_tile_sync(Element* tile, int stride, const Element* source,
 
 #if FA_STAGE07_DEVICE_CODE
 constexpr unsigned kFullWarp = 0xffffffffu;
+
+// A Q, K, P or V fragment from shared memory. For FP16, wmma::load_matrix_sync becomes PTX's
+// wmma.load...shared, which ptxas turns into ldmatrix (LDSM: each lane reads a 16-byte row of an
+// 8x8 tile). For BF16 the same call comes out as a generic wmma.load (CUDA 13.0 does not carry
+// the shared state space through its BF16 builtins), which ptxas can only lower to one 4-byte
+// generic load (LD) per register, plus register transposes (MOVM) for K^T: about 4x the load
+// instructions, on the slower generic path. So BF16 names the state space itself, in the same
+// PTX instruction the builtin would emit: the four 32-bit registers are the fragment's storage,
+// written in the order load_matrix_sync writes them.
+template <typename Use, typename Layout, typename Element>
+__device__ __forceinline__ void load_fragment(
+    wmma::fragment<Use, kFragment, kFragment, kFragment, Element, Layout>& fragment, const Element* shared_pointer,
+    unsigned stride) {
+  if constexpr (std::is_same_v<Element, __half>) {
+    wmma::load_matrix_sync(fragment, shared_pointer, stride);
+  } else {
+    static_assert(sizeof(fragment.x) == 4 * sizeof(unsigned), "a 16x16x16 BF16 fragment is four registers");
+    unsigned* r = reinterpret_cast<unsigned*>(fragment.x);
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared_pointer));
+    if constexpr (std::is_same_v<Use, wmma::matrix_a> && std::is_same_v<Layout, wmma::row_major>) {
+      asm volatile("wmma.load.a.sync.aligned.row.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;\n"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                   : "r"(address), "r"(stride)
+                   : "memory");
+    } else if constexpr (std::is_same_v<Use, wmma::matrix_b> && std::is_same_v<Layout, wmma::col_major>) {
+      asm volatile("wmma.load.b.sync.aligned.col.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;\n"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                   : "r"(address), "r"(stride)
+                   : "memory");
+    } else {
+      static_assert(std::is_same_v<Use, wmma::matrix_b> && std::is_same_v<Layout, wmma::row_major>,
+                    "the kernel loads Q and P (A, row-major), K^T (B, column-major) and V (B, row-major)");
+      asm volatile("wmma.load.b.sync.aligned.row.m16n16k16.shared.bf16 {%0, %1, %2, %3}, [%4], %5;\n"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                   : "r"(address), "r"(stride)
+                   : "memory");
+    }
+  }
+}
 
 // 2^x on the special-function unit, flushing results below 2^-126 to zero (far below anything
 // a 16-bit type can hold). exp2f would wrap the same instruction in a fix-up for those results.
@@ -203,14 +263,14 @@ __device__ void issue_tile_async(Element* tile, int stride, const Element* sourc
 }
 #endif
 
-// One block: 64 query rows of one (batch, head); blockIdx.x = head · query_tiles + query tile.
-template <typename Element, int kDim, bool kAsyncCopies>
-__global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
+// One block: 64 query rows (one query tile) of one (batch, head); T is the ring's Tiling.
+template <typename Element, typename T, bool kAsyncCopies>
+__global__ void __launch_bounds__(kThreads, T::kMinBlocksPerSm)
     pipelined_attention_kernel(const Element* __restrict__ q, const Element* __restrict__ k,
                                const Element* __restrict__ v, Element* __restrict__ o, int seq, int dim,
-                               int query_tiles, float scale_log2) {
+                               int query_tiles, int heads_total, bool causal, float scale_log2) {
 #if FA_STAGE07_DEVICE_CODE
-  using T = Tiling<kDim>;
+  constexpr int kDim = T::kDim;
   constexpr int kDimFragments = kDim / kFragment;
   constexpr int kKeyFragments = T::kKeys / kFragment;
   constexpr int kScoresPerLane = T::kKeys / 2;  // two lanes share each of the warp's 16 rows
@@ -228,10 +288,24 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
   float* factors = reinterpret_cast<float*>(scratch + T::kProbBytes);
   float* output_tile = reinterpret_cast<float*>(scratch);
 
-  const int64_t head = blockIdx.x / query_tiles;
+  // Which query tile of which head. Without masking every block has the same work, and a head's
+  // query tiles are numbered together: blocks resident at once read the same K/V, shared in L2.
+  // With causal masking query tile t reads t + 1 tiles' worth of K/V, so the query tile is the
+  // slow index and runs backwards: the longest blocks start first and the short ones fill in the
+  // tail as they finish (longest-processing-time-first), instead of a late long block running
+  // on alone.
+  const int query_tile = causal ? query_tiles - 1 - static_cast<int>(blockIdx.x) / heads_total
+                                : static_cast<int>(blockIdx.x) % query_tiles;
+  const int64_t head = causal ? blockIdx.x % heads_total : blockIdx.x / query_tiles;
   const int64_t head_offset = head * seq * dim;
-  const int warp_first_row = blockIdx.x % query_tiles * kQueryRows + warp * kFragment;
-  const int tiles = (seq + T::kKeys - 1) / T::kKeys;
+  const int block_first_row = query_tile * kQueryRows;
+  const int warp_first_row = block_first_row + warp * kFragment;
+  const int warp_last_row = warp_first_row + kFragment - 1;
+  // Causal: no row of the block sees a key past its last row, so the ring stops at the tile
+  // that holds that key; the prologue and the refills count only these tiles, so no copy of a
+  // tile above the diagonal is ever issued.
+  const int key_end = causal ? min(seq, block_first_row + kQueryRows) : seq;
+  const int tiles = (key_end + T::kKeys - 1) / T::kKeys;
 
   // For the softmax, lanes 2r and 2r+1 own row r of the warp's 16; each takes every other
   // group of 4 columns (the interleaving keeps the score reads free of bank conflicts).
@@ -276,8 +350,7 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
   QueryOrProbs<Element> query[T::kQueryInRegisters ? kDimFragments : 1];
   if constexpr (T::kQueryInRegisters) {
 #pragma unroll
-    for (int d = 0; d < kDimFragments; ++d)
-      wmma::load_matrix_sync(query[d], query_slice + d * kFragment, T::kTileStride);
+    for (int d = 0; d < kDimFragments; ++d) load_fragment(query[d], query_slice + d * kFragment, T::kTileStride);
     __syncwarp();  // the slice becomes scratch
   }
 
@@ -301,7 +374,13 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
     // EXERCISE END
     const Element* key_tile = ring + 2 * (tile % T::kStages) * T::kTileElements;
     const Element* value_tile = key_tile + T::kTileElements;
-    const int valid_keys = min(T::kKeys, seq - tile * T::kKeys);
+    const int key_base = tile * T::kKeys;
+    const int valid_keys = min(T::kKeys, seq - key_base);
+    // Causal: a tile that starts past the warp's last row is all masked for its 16 rows (with
+    // 32-key tiles, the block's first two warps on the second diagonal tile; with 16-key tiles at
+    // D = 256, more). The warp has done its part of the copies and the barrier; it skips the
+    // products. No block-wide barrier follows before the next loop head, so this is safe.
+    if (causal && key_base > warp_last_row) continue;
 
     // S = Q K^T for the warp's 16 rows, into its score slice. Two 16-key accumulators at a
     // time: their chains of dependent products interleave. (Not unrolled: fully unrolled, the
@@ -315,13 +394,12 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
 #pragma unroll
       for (int d = 0; d < kDimFragments; ++d) {
         if constexpr (!T::kQueryInRegisters) {
-          wmma::load_matrix_sync(query[0], query_slice + d * kFragment, T::kTileStride);
+          load_fragment(query[0], query_slice + d * kFragment, T::kTileStride);
         }
 #pragma unroll
         for (int g = 0; g < kGroup; ++g) {
           KeysTransposed<Element> keys;
-          wmma::load_matrix_sync(keys, key_tile + (j0 + g) * kFragment * T::kTileStride + d * kFragment,
-                                 T::kTileStride);
+          load_fragment(keys, key_tile + (j0 + g) * kFragment * T::kTileStride + d * kFragment, T::kTileStride);
           wmma::mma_sync(score[g], query[T::kQueryInRegisters ? d : 0], keys, score[g]);
         }
       }
@@ -342,18 +420,27 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
       s[4 * c + 2] = group.z;
       s[4 * c + 3] = group.w;
     }
-    if (valid_keys < T::kKeys) {  // the last tile: keys past N weigh nothing
+    // Keys past N weigh nothing (the last tile), and with causal masking neither do keys past the
+    // row's own position (tiles that cross the diagonal: some key of the tile lies past the
+    // warp's first row). Every other tile skips the test, one comparison for the whole warp.
+    if (valid_keys < T::kKeys || (causal && key_base + T::kKeys - 1 > warp_first_row)) {
+      const int my_query_row = warp_first_row + my_row;
+      const int visible_keys = causal ? min(valid_keys, my_query_row - key_base + 1) : valid_keys;
 #pragma unroll
       for (int i = 0; i < kScoresPerLane; ++i) {
-        if (8 * (i / 4) + 4 * my_half + i % 4 >= valid_keys) s[i] = -INFINITY;
+        if (8 * (i / 4) + 4 * my_half + i % 4 >= visible_keys) s[i] = -INFINITY;
       }
     }
     float tile_max = -INFINITY;
 #pragma unroll
     for (int i = 0; i < kScoresPerLane; ++i) tile_max = fmaxf(tile_max, s[i]);
     tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 1));
-    // Every tile has at least one key below N, so new_max is finite; on the first tile
-    // row_max is -inf and the rescale factor is 2^-inf = 0.
+    // new_max is finite, so no exponent below is -inf - (-inf). The first tile holds key 0, which
+    // every row sees (key 0 < N, and causal row i sees keys 0..i), so after it row_max is finite;
+    // on it row_max is -inf and the rescale factor is 2^-inf = 0. A later tile whose keys are
+    // all masked for a row (none is, in fact: tiles and warps both start at multiples of 16, so
+    // a tile the warp computes starts at or before each of its rows) would give tile_max = -inf,
+    // new_max = row_max, rescale 1 and p = 2^-inf = 0: it would change nothing.
     const float new_max = fmaxf(row_max, tile_max * scale_log2);
     const float rescale = fast_exp2(row_max - new_max);
     row_max = new_max;
@@ -391,11 +478,11 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
 #pragma unroll 1
     for (int j = 0; j < kKeyFragments; ++j) {
       QueryOrProbs<Element> p;
-      wmma::load_matrix_sync(p, probs + j * kFragment, T::kProbStride);
+      load_fragment(p, probs + j * kFragment, T::kProbStride);
 #pragma unroll
       for (int d = 0; d < kDimFragments; ++d) {
         Values<Element> values;
-        wmma::load_matrix_sync(values, value_tile + j * kFragment * T::kTileStride + d * kFragment, T::kTileStride);
+        load_fragment(values, value_tile + j * kFragment * T::kTileStride + d * kFragment, T::kTileStride);
         wmma::mma_sync(out[d], p, values, out[d]);
       }
     }
@@ -435,11 +522,10 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
 #endif
 }
 
-template <typename Element, int kDim, bool kAsyncCopies>
+template <typename Element, typename T, bool kAsyncCopies>
 cudaError_t launch(const Shape& shape, const Element* q, const Element* k, const Element* v, Element* o,
                    cudaStream_t stream) {
-  using T = Tiling<kDim>;
-  const auto kernel = &pipelined_attention_kernel<Element, kDim, kAsyncCopies>;
+  const auto kernel = &pipelined_attention_kernel<Element, T, kAsyncCopies>;
   int device = 0;
   int shared_limit = 0;
   FA_CUDA_TRY(cudaGetDevice(&device));
@@ -454,18 +540,19 @@ cudaError_t launch(const Shape& shape, const Element* q, const Element* k, const
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   const float scale_log2 = softmax_scale(shape) * kLog2e;
   kernel<<<static_cast<unsigned>(blocks), kThreads, T::kSharedBytes, stream>>>(
-      q, k, v, o, static_cast<int>(shape.seq), static_cast<int>(shape.dim), static_cast<int>(query_tiles), scale_log2);
+      q, k, v, o, static_cast<int>(shape.seq), static_cast<int>(shape.dim), static_cast<int>(query_tiles),
+      static_cast<int>(shape.heads_total()), shape.causal, scale_log2);
   FA_LAUNCH_TRY();
   return cudaSuccess;
 }
 
 // The cp.async path and the synchronous fallback are separate kernels, so neither carries the
 // other's registers.
-template <typename Element, int kDim>
-cudaError_t launch_bucket(const Shape& shape, const Element* q, const Element* k, const Element* v, Element* o,
-                          bool async_copies, cudaStream_t stream) {
-  return async_copies ? launch<Element, kDim, true>(shape, q, k, v, o, stream)
-                      : launch<Element, kDim, false>(shape, q, k, v, o, stream);
+template <typename Element, typename T>
+cudaError_t launch_ring(const Shape& shape, const Element* q, const Element* k, const Element* v, Element* o,
+                        bool async_copies, cudaStream_t stream) {
+  return async_copies ? launch<Element, T, true>(shape, q, k, v, o, stream)
+                      : launch<Element, T, false>(shape, q, k, v, o, stream);
 }
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
@@ -473,7 +560,7 @@ bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer
 template <typename Element>
 cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void* /*workspace*/,
                     cudaStream_t stream) {
-  if (!validate_shape(shape, kMaxDim).empty() || shape.causal) return cudaErrorInvalidValue;
+  if (!validate_shape(shape, kMaxDim).empty()) return cudaErrorInvalidValue;
   if (q == nullptr || k == nullptr || v == nullptr || o == nullptr) return cudaErrorInvalidValue;
   int device = 0;
   int major = 0;
@@ -489,11 +576,18 @@ cudaError_t forward(const Shape& shape, const void* q, const void* k, const void
   // 16-byte copies need every row to start on a 16-byte boundary.
   const bool async_copies =
       shape.dim % kChunkElements == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(o);
-  if (shape.dim <= 16) return launch_bucket<Element, 16>(shape, qe, ke, ve, oe, async_copies, stream);
-  if (shape.dim <= 32) return launch_bucket<Element, 32>(shape, qe, ke, ve, oe, async_copies, stream);
-  if (shape.dim <= 64) return launch_bucket<Element, 64>(shape, qe, ke, ve, oe, async_copies, stream);
-  if (shape.dim <= 128) return launch_bucket<Element, 128>(shape, qe, ke, ve, oe, async_copies, stream);
-  return launch_bucket<Element, 256>(shape, qe, ke, ve, oe, async_copies, stream);
+  if (shape.dim <= 16) return launch_ring<Element, DefaultTiling<16>>(shape, qe, ke, ve, oe, async_copies, stream);
+  if (shape.dim <= 32) return launch_ring<Element, DefaultTiling<32>>(shape, qe, ke, ve, oe, async_copies, stream);
+  if (shape.dim <= 64) return launch_ring<Element, DefaultTiling<64>>(shape, qe, ke, ve, oe, async_copies, stream);
+  if (shape.dim <= 128) {
+    int multiprocessors = 0;
+    FA_CUDA_TRY(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
+    const int64_t blocks = (shape.seq + kQueryRows - 1) / kQueryRows * shape.heads_total();
+    return stage07::use_wide_tiles(blocks, multiprocessors)
+               ? launch_ring<Element, WideTiling128>(shape, qe, ke, ve, oe, async_copies, stream)
+               : launch_ring<Element, NarrowTiling128>(shape, qe, ke, ve, oe, async_copies, stream);
+  }
+  return launch_ring<Element, DefaultTiling<256>>(shape, qe, ke, ve, oe, async_copies, stream);
 }
 
 StageDescriptor describe(Precision precision, ForwardFn forward_function, const char* title) {
@@ -505,6 +599,7 @@ StageDescriptor describe(Precision precision, ForwardFn forward_function, const 
   stage.forward = forward_function;
   stage.workspace_bytes = nullptr;
   stage.max_dim = kMaxDim;
+  stage.supports_causal = true;
   stage.min_compute_capability = kMinComputeCapability;
   stage.trace = nullptr;
   stage.source_hash = FA_SOURCE_HASH;

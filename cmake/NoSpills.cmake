@@ -1,0 +1,21 @@
+# Fails unless ptxas (PTXAS), assembling the PTX file FILE for sm_ARCH, reports 0 bytes of spill
+# stores and loads for every kernel in it. Prints each kernel's register count.
+if(NOT EXISTS ${FILE})
+  message(FATAL_ERROR "${FILE} does not exist: build first")
+endif()
+execute_process(COMMAND ${PTXAS} -arch=sm_${ARCH} -v ${FILE} -o ${FILE}.cubin
+                RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE output)
+if(NOT result EQUAL 0)
+  message(FATAL_ERROR "ptxas failed on ${FILE}:\n${output}")
+endif()
+string(REGEX MATCHALL "Used [0-9]+ registers" registers "${output}")
+string(REGEX MATCHALL "[0-9]+ bytes spill (stores|loads)" spills "${output}")
+if(NOT spills)
+  message(FATAL_ERROR "no spill report from ptxas -v on ${FILE}:\n${output}")
+endif()
+message(STATUS "${FILE}: ${registers}")
+foreach(spill IN LISTS spills)
+  if(NOT spill MATCHES "^0 bytes")
+    message(FATAL_ERROR "ptxas spills to local memory in ${FILE}:\n${output}")
+  endif()
+endforeach()
