@@ -57,21 +57,28 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // Everything that sizes the kernel of one head-dim bucket (64 or 128). Change one constant and
 // the rest follows; the static_asserts say when a choice cannot work.
-template <int kDim>
+template <int kDim, bool kExactDim>
 struct Tiling {
-  // Warps per block (each owns 16 query rows, so Br = 16·kWarps), keys per K/V tile (Bc) and
-  // K/V tiles in the cp.async ring. D = 128: two 64-key stages, 80 KB a block, two blocks per
-  // SM; D = 64: three stages, 56 KB a block, three blocks per SM.
+  // Warps per block; 16-row strips per warp (the M of one mma); keys per K/V tile (Bc) and K/V
+  // tiles in the cp.async ring. Br = 16·kStrips·kWarps. A warp with two strips multiplies every
+  // K and V fragment it loads from shared memory into both, which halves the shared-memory reads
+  // per product; the price is S and O for 32 rows in registers, so Q no longer fits beside them
+  // and is re-read from shared memory every tile. D = 128: two strips, two 64-key stages, 96 KB
+  // a block, two blocks per SM; D = 64: one strip, Q in registers, three stages, 56 KB a block,
+  // three blocks per SM. A head dim below the bucket (padded) keeps one strip: its runtime
+  // strides need the registers a second strip would take.
   static constexpr int kWarps = 4;
+  static constexpr int kStrips = kExactDim ? 2 : 1;
   static constexpr int kKeys = 64;
   static constexpr int kStages = kDim <= 64 ? 3 : 2;
   // Blocks that must fit on one SM at once: a register cap for ptxas (65536 / (threads ·
   // blocks) per thread). It must not be so low that O, Q and S spill: four blocks of D = 64
   // would fit in shared memory, but their 128 registers a thread spill.
-  static constexpr int kMinBlocksPerSm = kDim <= 64 ? 3 : 2;
+  static constexpr int kMinBlocksPerSm = kDim <= 64 && kStrips == 1 ? 3 : 2;
 
   static constexpr int kThreads = kWarps * kWarpSize;
-  static constexpr int kQueryRows = kWarps * kStripRows;  // Br
+  static constexpr int kWarpRows = kStrips * kStripRows;
+  static constexpr int kQueryRows = kWarps * kWarpRows;  // Br
   static constexpr int kChunksPerRow = kDim / kChunkElements;
   static constexpr int kRowBytes = kDim * 2;
   static constexpr int kQueryTileBytes = kQueryRows * kRowBytes;
@@ -113,7 +120,7 @@ __device__ __forceinline__ unsigned pack_pair(float low, float high) {
 // 16-byte bank groups, and every chunk stays whole (cp.async writes it in one piece).
 template <int kChunksPerRow>
 __device__ __forceinline__ int swizzled_chunk_index(int row, int chunk) {
-  return row * kChunksPerRow + (chunk ^ (row % kSwizzleRows));
+  return row * kChunksPerRow + (chunk ^ (row & (kSwizzleRows - 1)));  // row % 8, rows being >= 0
 }
 
 // Copies `kRows` rows of a (rows x dim) matrix from global memory into a swizzled shared tile
@@ -163,21 +170,30 @@ __device__ __forceinline__ void wait_copies() {
 }
 
 // Issues the copies of a kRows x kDim tile into a swizzled shared tile, without waiting. Eight
-// consecutive threads copy the eight chunks of 128 bytes of one row: whole 128-byte lines of
-// global memory, and (swizzled or not) eight different bank groups of shared memory.
+// (D = 64) or sixteen (D = 128) consecutive threads copy one row: whole 128-byte lines of global
+// memory, and (swizzled or not) eight different bank groups of shared memory.
 template <typename Element, int kDim, int kRows, int kThreadCount>
 __device__ void issue_tile_async(Element* tile, const Element* source, int valid_rows, int dim, int thread) {
   constexpr int kChunksPerRow = kDim / kChunkElements;
-  constexpr int kPasses = kRows * kChunksPerRow / kThreadCount;
-  static_assert(kRows * kChunksPerRow % kThreadCount == 0, "whole passes of the block over the tile");
+  constexpr int kRowsPerPass = kThreadCount / kChunksPerRow;
+  static_assert(kThreadCount % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows in every pass");
+  // A thread copies the same chunk of every kRowsPerPass-th row, so one pointer stepped by a fixed
+  // stride reaches all its sources. (Written as row · dim per pass, the compiler keeps every
+  // pass's 64-bit offset in registers of its own for the whole K/V loop, where they are scarce.)
+  // The passes are a multiple of 8 rows apart, so they share row % 8 and the swizzled chunk: the
+  // shared destinations are one offset plus constants.
+  static_assert(kRowsPerPass % kSwizzleRows == 0, "every pass keeps row % 8");
+  const int first_row = thread / kChunksPerRow;
+  const int chunk = thread % kChunksPerRow;
+  const bool column_inside = chunk * kChunkElements < dim;
+  Element* destination = tile + swizzled_chunk_index<kChunksPerRow>(first_row, chunk) * kChunkElements;
+  const int64_t pass_stride = static_cast<int64_t>(kRowsPerPass) * dim;
+  const Element* chunk_source = source + static_cast<int64_t>(first_row) * dim + chunk * kChunkElements;
 #pragma unroll
-  for (int pass = 0; pass < kPasses; ++pass) {
-    const int index = pass * kThreadCount + thread;
-    const int row = index / kChunksPerRow;
-    const int chunk = index % kChunksPerRow;
-    const bool inside = row < valid_rows && chunk * kChunkElements < dim;
-    copy_async_16(tile + swizzled_chunk_index<kChunksPerRow>(row, chunk) * kChunkElements,
-                  inside ? source + static_cast<int64_t>(row) * dim + chunk * kChunkElements : source, inside ? 16 : 0);
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const bool inside = column_inside && first_row + pass * kRowsPerPass < valid_rows;
+    copy_async_16(destination + pass * kRowsPerPass * kDim, inside ? chunk_source : source, inside ? 16 : 0);
+    chunk_source += pass_stride;
   }
 }
 
@@ -217,14 +233,20 @@ __device__ __forceinline__ void mma_16x8x16(float (&accumulator)[4], const unsig
 }
 #endif
 
-// One block: Br query rows of one (batch, head), every warp 16 of them.
-template <typename Element, int kDim, bool kAsyncCopies>
-__global__ void __launch_bounds__(Tiling<kDim>::kThreads, Tiling<kDim>::kMinBlocksPerSm)
+// One block: Br query rows of one (batch, head), every warp 16·kStrips of them. With kExactDim
+// the head dim is the bucket's (64 or 128, the common case), a compile-time constant: every
+// address stride below is then an immediate, which frees the registers two strips need.
+template <typename Element, int kDim, bool kAsyncCopies, bool kExactDim>
+__global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim, kExactDim>::kMinBlocksPerSm)
     mma_attention_kernel(const Element* __restrict__ q, const Element* __restrict__ k, const Element* __restrict__ v,
-                         Element* __restrict__ o, int seq, int dim, int query_tiles, int heads_total, bool causal,
-                         float scale_log2) {
+                         Element* __restrict__ o, int seq, int dim_argument, int query_tiles, int heads_total,
+                         bool causal, float scale_log2) {
 #if FA_STAGE08_DEVICE_CODE
-  using T = Tiling<kDim>;
+  using T = Tiling<kDim, kExactDim>;
+  const int dim = kExactDim ? kDim : dim_argument;
+  // One strip: the warp's Q fragments stay in registers for the whole loop. Two: no room beside
+  // S and O, so the loop reloads them from shared memory.
+  constexpr bool kQueryInRegisters = T::kStrips == 1;
   constexpr int kDimSteps = kDim / kMmaDepth;       // 16-dim steps of QKᵀ; 16-dim pairs of O tiles
   constexpr int kKeySteps = T::kKeys / kMmaDepth;   // 16-key steps of P·V
   constexpr int kScoreTiles = T::kKeys / kMmaKeys;  // 8-key accumulator tiles of S
@@ -257,8 +279,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, Tiling<kDim>::kMinBloc
     head = blockIdx.x / query_tiles;
   }
   const int64_t head_offset = head * seq * dim;
+  const Element* head_keys = k + head_offset;
+  const Element* head_values = v + head_offset;
   const int block_first_row = query_tile_index * T::kQueryRows;
-  const int warp_first_row = block_first_row + warp * kStripRows;
+  const int warp_first_row = block_first_row + warp * T::kWarpRows;
 
   // Keys the block must see: all of them, or with the causal mask those up to its last row. Tiles
   // past that are never loaded. Keys below `unmasked_keys` are visible to every row of the block,
@@ -266,9 +290,11 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, Tiling<kDim>::kMinBloc
   const int key_end = causal ? min(seq, block_first_row + T::kQueryRows) : seq;
   const int unmasked_keys = causal ? min(seq, block_first_row + 1) : seq;
   const int tiles = (key_end + T::kKeys - 1) / T::kKeys;
-  // This lane's two rows see keys below these limits.
-  const int row_top = warp_first_row + group;
-  const int key_limit[2] = {causal ? min(seq, row_top + 1) : seq, causal ? min(seq, row_top + 9) : seq};
+  // The keys a row of this lane sees (strip, top or bottom half) end below this limit. Computed
+  // where it is needed, on masked tiles only: kept in registers it would cost four of them.
+  const auto key_limit = [&](int strip, int half) {
+    return causal ? min(seq, warp_first_row + strip * kStripRows + group + 8 * half + 1) : seq;
+  };
 
   // Tile t goes to ring slot t % kStages. On the fallback path the same call copies synchronously.
   const auto issue_kv_tile = [&](int tile) {
@@ -276,14 +302,17 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, Tiling<kDim>::kMinBloc
     Element* value_slot = key_slot + kTileElements;
     const int key_base = tile * T::kKeys;
     const int valid_keys = min(T::kKeys, seq - key_base);
-    const Element* key_source = k + head_offset + static_cast<int64_t>(key_base) * dim;
-    const Element* value_source = v + head_offset + static_cast<int64_t>(key_base) * dim;
+    const int64_t tile_offset = static_cast<int64_t>(key_base) * dim;
     if constexpr (kAsyncCopies) {
-      issue_tile_async<Element, kDim, T::kKeys, T::kThreads>(key_slot, key_source, valid_keys, dim, threadIdx.x);
-      issue_tile_async<Element, kDim, T::kKeys, T::kThreads>(value_slot, value_source, valid_keys, dim, threadIdx.x);
+      issue_tile_async<Element, kDim, T::kKeys, T::kThreads>(key_slot, head_keys + tile_offset, valid_keys, dim,
+                                                             threadIdx.x);
+      issue_tile_async<Element, kDim, T::kKeys, T::kThreads>(value_slot, head_values + tile_offset, valid_keys, dim,
+                                                             threadIdx.x);
     } else {
-      load_tile_sync<Element, kDim, T::kKeys, T::kThreads>(key_slot, key_source, valid_keys, dim, threadIdx.x);
-      load_tile_sync<Element, kDim, T::kKeys, T::kThreads>(value_slot, value_source, valid_keys, dim, threadIdx.x);
+      load_tile_sync<Element, kDim, T::kKeys, T::kThreads>(key_slot, head_keys + tile_offset, valid_keys, dim,
+                                                           threadIdx.x);
+      load_tile_sync<Element, kDim, T::kKeys, T::kThreads>(value_slot, head_values + tile_offset, valid_keys, dim,
+                                                           threadIdx.x);
     }
   };
 
@@ -317,43 +346,53 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, Tiling<kDim>::kMinBloc
   const int a_chunk = lane / 16;
   const int key_row = lane / 16 * 8 + lane % 8;
   const int key_chunk = lane / 8 % 2;
-  // The swizzle depends on row % 8 and permutes chunks within aligned groups of 8, so 16 rows down
-  // or 8 chunks (128 bytes) right, a swizzled offset moves by a constant. A lane's ldmatrix
-  // addresses in a K or V tile are therefore 4 offsets (16-dim step % 4: chunk 2·(step % 4) + its
-  // chunk bit) plus compile-time constants, which the instruction takes as an immediate.
+  // The swizzle as address arithmetic. Chunk 2·(step % 4) + bit of a row lands at chunk
+  // (2·(step % 4)) ^ (bit ^ row % 8) of its group of 8: the lane's byte address for 16-dim step 0,
+  // XOR 32·(step % 4), plus 128 bytes per group of 4 steps. Tiles and rows start on 128-byte
+  // boundaries, so the XOR touches only the chunk bits. One register per operand, not four, and
+  // 16 rows down or 128 bytes right are constants that ldmatrix takes as an immediate.
   constexpr int kStepsPerGroup = kSwizzleRows / 2;  // 16-dim steps per group of 8 chunks
   constexpr int kGroupBytes = kSwizzleRows * kChunkBytes;
   constexpr int kBlockRowBytes = kMmaDepth * T::kRowBytes;  // 16 rows
+  static_assert(
+      T::kRowBytes % kGroupBytes == 0 && T::kKvTileBytes % kGroupBytes == 0 && T::kQueryTileBytes % kGroupBytes == 0,
+      "rows and tiles start on 128-byte boundaries");
+  const auto step_address = [](unsigned lane_address, int step) {
+    return (lane_address ^ step % kStepsPerGroup * 2 * kChunkBytes) + step / kStepsPerGroup * kGroupBytes;
+  };
   const auto offset = [](int row, int chunk) {
     return static_cast<unsigned>(swizzled_chunk_index<T::kChunksPerRow>(row, chunk) * kChunkBytes);
   };
-  unsigned key_offset[kStepsPerGroup];
-  unsigned value_offset[kStepsPerGroup];
-#pragma unroll
-  for (int step = 0; step < kStepsPerGroup; ++step) {
-    key_offset[step] = offset(key_row, 2 * step + key_chunk);
-    value_offset[step] = offset(a_row, 2 * step + a_chunk);
-  }
-  const unsigned query_base = static_cast<unsigned>(__cvta_generic_to_shared(query_tile));
+  const unsigned key_lane_offset = offset(key_row, key_chunk);
+  const unsigned value_lane_offset = offset(a_row, a_chunk);
+  // Q (an A operand) is addressed like V: the same lane pattern, from the warp's first row.
+  const unsigned query_lane_address = static_cast<unsigned>(__cvta_generic_to_shared(query_tile)) +
+                                      warp * T::kWarpRows * T::kRowBytes + value_lane_offset;
   const unsigned ring_base = static_cast<unsigned>(__cvta_generic_to_shared(ring));
 
-  // Q and tile 0 have landed; each warp takes its 16 rows of Q into registers for the whole loop:
-  // A fragments for the 16-dim steps of QKᵀ.
+  // The A fragment of Q for one strip and one 16-dim step of QKᵀ.
+  const auto query_address = [&](int strip, int step) {
+    return step_address(query_lane_address, step) + strip * kBlockRowBytes;
+  };
+  // Q and tile 0 have landed. With one strip a warp takes its 16 rows of Q into registers for the
+  // whole loop; with two, there is no room beside S and O, and the loop reloads them.
   wait_copies<T::kStages - 2>();
   __syncthreads();
   unsigned query[kDimSteps][4];
+  if constexpr (kQueryInRegisters) {
 #pragma unroll
-  for (int step = 0; step < kDimSteps; ++step) {
-    load_matrices(query[step], query_base + offset(warp * kStripRows + a_row, 2 * step + a_chunk));
+    for (int step = 0; step < kDimSteps; ++step) load_matrices(query[step], query_address(0, step));
   }
 
-  // O for the warp's 16 rows in FP32 accumulator tiles, never normalized until the end
-  // (FlashAttention-2). Per lane and row (top: `group`, bottom: `group + 8`) the running max m in
-  // log2 units (m = max_j s_j · scale · log2 e) and this lane's share of the sum l: the four
-  // lanes of a row each sum their own columns, combined once after the loop.
-  float out[kOutTiles][4] = {};
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.0f, 0.0f};
+  // O for the warp's rows in FP32 accumulator tiles, never normalized until the end
+  // (FlashAttention-2). Per lane, strip and row (top: `group`, bottom: `group + 8`) the running
+  // max m in log2 units (m = max_j s_j · scale · log2 e) and this lane's share of the sum l: the
+  // four lanes of a row each sum their own columns, combined once after the loop.
+  float out[T::kStrips][kOutTiles][4] = {};
+  float row_max[T::kStrips][2];
+  float row_sum[T::kStrips][2] = {};
+#pragma unroll
+  for (int strip = 0; strip < T::kStrips; ++strip) row_max[strip][0] = row_max[strip][1] = -INFINITY;
 
 #pragma unroll 1
   for (int tile = 0; tile < tiles; ++tile) {
@@ -367,91 +406,109 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, Tiling<kDim>::kMinBloc
     const unsigned value_slot = key_slot + T::kKvTileBytes;
     const int key_base = tile * T::kKeys;
 
-    // S = Q Kᵀ for the warp's 16 rows and the tile's keys: one ldmatrix gives the B fragments of
-    // two 8-key tiles for one 16-dim step.
-    float scores[kScoreTiles][4] = {};
+    // S = Q Kᵀ for the warp's rows and the tile's keys: one ldmatrix gives the B fragments of
+    // two 8-key tiles for one 16-dim step, used by every strip.
+    float scores[T::kStrips][kScoreTiles][4] = {};
 #pragma unroll
     for (int step = 0; step < kDimSteps; ++step) {
+      unsigned strip_query[T::kStrips][4];
+      if constexpr (!kQueryInRegisters) {
+#pragma unroll
+        for (int strip = 0; strip < T::kStrips; ++strip) load_matrices(strip_query[strip], query_address(strip, step));
+      }
 #pragma unroll
       for (int pair = 0; pair < kKeySteps; ++pair) {
         unsigned keys[4];
-        load_matrices(keys, key_slot + key_offset[step % kStepsPerGroup] + step / kStepsPerGroup * kGroupBytes +
-                                pair * kBlockRowBytes);
-        mma_16x8x16<Element>(scores[2 * pair], query[step], keys[0], keys[1]);
-        mma_16x8x16<Element>(scores[2 * pair + 1], query[step], keys[2], keys[3]);
+        load_matrices(keys, step_address(key_slot + key_lane_offset, step) + pair * kBlockRowBytes);
+#pragma unroll
+        for (int strip = 0; strip < T::kStrips; ++strip) {
+          const unsigned(&a)[4] = kQueryInRegisters ? query[step] : strip_query[strip];
+          mma_16x8x16<Element>(scores[strip][2 * pair], a, keys[0], keys[1]);
+          mma_16x8x16<Element>(scores[strip][2 * pair + 1], a, keys[2], keys[3]);
+        }
       }
     }
 
-    // P as the A fragments of P·V: probs[j] covers keys 16j .. 16j + 15.
-    unsigned probs[kKeySteps][4] = {};
-    // EXERCISE BEGIN: the online softmax on the S fragments (mask, row max, rescale O and l, P) and P as A fragments
-    // Element e of score tile j is key key_base + 8j + 2·quad + e % 2 of the lane's top row
-    // (e < 2) or bottom row (e >= 2). Keys the row may not see weigh nothing: -inf, never 0.
-    if (key_base + T::kKeys > unmasked_keys) {
+    // P as the A fragments of P·V: probs[strip][j] covers keys 16j .. 16j + 15.
+    unsigned probs[T::kStrips][kKeySteps][4];
+#pragma unroll
+    for (int strip = 0; strip < T::kStrips; ++strip) {
+      float(&score)[kScoreTiles][4] = scores[strip];
+      float(&running_max)[2] = row_max[strip];
+      float(&running_sum)[2] = row_sum[strip];
+      float(&strip_out)[kOutTiles][4] = out[strip];
+      // EXERCISE BEGIN: one strip's online softmax on its S fragments (mask, max, rescale O and l, P as A)
+      // Element e of score tile j is key key_base + 8j + 2·quad + e % 2 of the lane's top row
+      // (e < 2) or bottom row (e >= 2). Keys the row may not see weigh nothing: -inf, never 0.
+      if (key_base + T::kKeys > unmasked_keys) {
+#pragma unroll
+        for (int j = 0; j < kScoreTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (key_base + j * kMmaKeys + 2 * quad + e % 2 >= key_limit(strip, e / 2)) score[j][e] = -INFINITY;
+          }
+        }
+      }
+      // The row max over this lane's columns, then over the 4 lanes of the row (lanes differing in
+      // bits 0 and 1). Every row sees key 0 in tile 0, so from then on its max is finite and a tile
+      // the mask empties for it leaves m unchanged; on tile 0 the rescale factor is 2^-inf = 0.
+      float rescale[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kScoreTiles; ++j)
+          tile_max = fmaxf(tile_max, fmaxf(score[j][2 * half], score[j][2 * half + 1]));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 2));
+        const float new_max = fmaxf(running_max[half], tile_max * scale_log2);
+        rescale[half] = fast_exp2(running_max[half] - new_max);
+        running_max[half] = new_max;
+      }
+      // p = 2^(s · scale · log2 e − m), in place of the scores; l rescaled to the new max.
+      float tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int j = 0; j < kScoreTiles; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          if (key_base + j * kMmaKeys + 2 * quad + e % 2 >= key_limit[e / 2]) scores[j][e] = -INFINITY;
+          score[j][e] = fast_exp2(fmaf(score[j][e], scale_log2, -running_max[e / 2]));
+          tile_sum[e / 2] += score[j][e];
         }
       }
-    }
-    // The row max over this lane's columns, then over the 4 lanes of the row (lanes differing in
-    // bits 0 and 1). Every row sees key 0 in tile 0, so from then on its max is finite and a tile
-    // the mask empties for it leaves m unchanged; on tile 0 the rescale factor is 2^-inf = 0.
-    float rescale[2];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float tile_max = -INFINITY;
+      for (int half = 0; half < 2; ++half) running_sum[half] = running_sum[half] * rescale[half] + tile_sum[half];
+      // Score tiles 2j and 2j + 1 hold keys 16j .. 16j + 7 and 16j + 8 .. 16j + 15 of the same
+      // rows, at the same lanes as the A fragment wants them: a0a1 (top row, keys 2·quad, +1), a2a3
+      // (bottom row), a4a5 and a6a7 (the same, 8 keys on). Only rounding to 16-bit pairs remains.
 #pragma unroll
-      for (int j = 0; j < kScoreTiles; ++j) {
-        tile_max = fmaxf(tile_max, fmaxf(scores[j][2 * half], scores[j][2 * half + 1]));
+      for (int j = 0; j < kKeySteps; ++j) {
+        probs[strip][j][0] = pack_pair<Element>(score[2 * j][0], score[2 * j][1]);
+        probs[strip][j][1] = pack_pair<Element>(score[2 * j][2], score[2 * j][3]);
+        probs[strip][j][2] = pack_pair<Element>(score[2 * j + 1][0], score[2 * j + 1][1]);
+        probs[strip][j][3] = pack_pair<Element>(score[2 * j + 1][2], score[2 * j + 1][3]);
       }
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 2));
-      const float new_max = fmaxf(row_max[half], tile_max * scale_log2);
-      rescale[half] = fast_exp2(row_max[half] - new_max);
-      row_max[half] = new_max;
-    }
-    // p = 2^(s · scale · log2 e − m), in place of the scores; l and O rescaled to the new max.
-    float tile_sum[2] = {0.0f, 0.0f};
+      // O rescaled to the new max last, once the scores are packed and their registers free.
 #pragma unroll
-    for (int j = 0; j < kScoreTiles; ++j) {
+      for (int n = 0; n < kOutTiles; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        scores[j][e] = fast_exp2(fmaf(scores[j][e], scale_log2, -row_max[e / 2]));
-        tile_sum[e / 2] += scores[j][e];
+        for (int e = 0; e < 4; ++e) strip_out[n][e] *= rescale[e / 2];
       }
+      // EXERCISE END
     }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) row_sum[half] = row_sum[half] * rescale[half] + tile_sum[half];
-#pragma unroll
-    for (int n = 0; n < kOutTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) out[n][e] *= rescale[e / 2];
-    }
-    // Score tiles 2j and 2j + 1 hold keys 16j .. 16j + 7 and 16j + 8 .. 16j + 15 of the same rows,
-    // at the same lanes as the A fragment wants them: a0a1 (top row, keys 2·quad, +1), a2a3
-    // (bottom row), a4a5 and a6a7 (the same, 8 keys on). Only rounding to 16-bit pairs remains.
-#pragma unroll
-    for (int j = 0; j < kKeySteps; ++j) {
-      probs[j][0] = pack_pair<Element>(scores[2 * j][0], scores[2 * j][1]);
-      probs[j][1] = pack_pair<Element>(scores[2 * j][2], scores[2 * j][3]);
-      probs[j][2] = pack_pair<Element>(scores[2 * j + 1][0], scores[2 * j + 1][1]);
-      probs[j][3] = pack_pair<Element>(scores[2 * j + 1][2], scores[2 * j + 1][3]);
-    }
-    // EXERCISE END
 
-    // O += P V: one transposing ldmatrix gives the B fragments of two 8-dim tiles for 16 keys.
+    // O += P V: one transposing ldmatrix gives the B fragments of two 8-dim tiles for 16 keys,
+    // used by every strip.
 #pragma unroll
     for (int j = 0; j < kKeySteps; ++j) {
 #pragma unroll
       for (int pair = 0; pair < kDimSteps; ++pair) {
         unsigned values[4];
-        load_matrices_transposed(values, value_slot + value_offset[pair % kStepsPerGroup] +
-                                             pair / kStepsPerGroup * kGroupBytes + j * kBlockRowBytes);
-        mma_16x8x16<Element>(out[2 * pair], probs[j], values[0], values[1]);
-        mma_16x8x16<Element>(out[2 * pair + 1], probs[j], values[2], values[3]);
+        load_matrices_transposed(values, step_address(value_slot + value_lane_offset, pair) + j * kBlockRowBytes);
+#pragma unroll
+        for (int strip = 0; strip < T::kStrips; ++strip) {
+          mma_16x8x16<Element>(out[strip][2 * pair], probs[strip][j], values[0], values[1]);
+          mma_16x8x16<Element>(out[strip][2 * pair + 1], probs[strip][j], values[2], values[3]);
+        }
       }
     }
   }
@@ -460,29 +517,28 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, Tiling<kDim>::kMinBloc
   // straight to global memory that would be 4-byte writes, 8 rows apart. Instead the warp stages
   // its 16 rows in its own (no longer needed) rows of the Q tile, swizzled like every tile
   // (conflict-free), and writes them out as whole 16-byte chunks, a row's chunks side by side.
-  float inverse_sum[2];
+  Element* staging = query_tile + warp * T::kWarpRows * kDim;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float sum = row_sum[half];
-    sum += __shfl_xor_sync(kFullWarp, sum, 1);
-    sum += __shfl_xor_sync(kFullWarp, sum, 2);
-    inverse_sum[half] = 1.0f / sum;
-  }
-  Element* staging = query_tile + warp * kStripRows * kDim;
-#pragma unroll
-  for (int n = 0; n < kOutTiles; ++n) {
+  for (int strip = 0; strip < T::kStrips; ++strip) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int row = group + 8 * half;
-      const int position = swizzled_chunk_index<T::kChunksPerRow>(row, n) * kChunkElements + 2 * quad;
-      *reinterpret_cast<unsigned*>(staging + position) =
-          pack_pair<Element>(out[n][2 * half] * inverse_sum[half], out[n][2 * half + 1] * inverse_sum[half]);
+      float sum = row_sum[strip][half];
+      sum += __shfl_xor_sync(kFullWarp, sum, 1);
+      sum += __shfl_xor_sync(kFullWarp, sum, 2);
+      const float inverse_sum = 1.0f / sum;
+      const int row = strip * kStripRows + group + 8 * half;
+#pragma unroll
+      for (int n = 0; n < kOutTiles; ++n) {
+        const int position = swizzled_chunk_index<T::kChunksPerRow>(row, n) * kChunkElements + 2 * quad;
+        *reinterpret_cast<unsigned*>(staging + position) =
+            pack_pair<Element>(out[strip][n][2 * half] * inverse_sum, out[strip][n][2 * half + 1] * inverse_sum);
+      }
     }
   }
   __syncwarp();
   constexpr int kRowsPerPass = kWarpSize / T::kChunksPerRow;
 #pragma unroll
-  for (int first = 0; first < kStripRows; first += kRowsPerPass) {
+  for (int first = 0; first < T::kWarpRows; first += kRowsPerPass) {
     const int row = first + lane / T::kChunksPerRow;
     const int chunk = lane % T::kChunksPerRow;
     const int64_t query_row = warp_first_row + row;
@@ -504,11 +560,11 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, Tiling<kDim>::kMinBloc
 #endif
 }
 
-template <typename Element, int kDim, bool kAsyncCopies>
+template <typename Element, int kDim, bool kAsyncCopies, bool kExactDim>
 cudaError_t launch(const Shape& shape, const Element* q, const Element* k, const Element* v, Element* o,
                    cudaStream_t stream) {
-  using T = Tiling<kDim>;
-  const auto kernel = &mma_attention_kernel<Element, kDim, kAsyncCopies>;
+  using T = Tiling<kDim, kExactDim>;
+  const auto kernel = &mma_attention_kernel<Element, kDim, kAsyncCopies, kExactDim>;
   int device = 0;
   int shared_limit = 0;
   FA_CUDA_TRY(cudaGetDevice(&device));
@@ -529,13 +585,15 @@ cudaError_t launch(const Shape& shape, const Element* q, const Element* k, const
   return cudaSuccess;
 }
 
-// The cp.async path and the synchronous fallback are separate kernels, so neither carries the
-// other's registers.
+// Three kernels per bucket, so none carries another's registers: cp.async with the bucket's own
+// head dim (two strips at D = 128), cp.async with a padded head dim, and the synchronous
+// fallback (always padded or misaligned, so never exact).
 template <typename Element, int kDim>
 cudaError_t launch_bucket(const Shape& shape, const Element* q, const Element* k, const Element* v, Element* o,
                           bool async_copies, cudaStream_t stream) {
-  return async_copies ? launch<Element, kDim, true>(shape, q, k, v, o, stream)
-                      : launch<Element, kDim, false>(shape, q, k, v, o, stream);
+  if (!async_copies) return launch<Element, kDim, false, false>(shape, q, k, v, o, stream);
+  return shape.dim == kDim ? launch<Element, kDim, true, true>(shape, q, k, v, o, stream)
+                           : launch<Element, kDim, true, false>(shape, q, k, v, o, stream);
 }
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
