@@ -477,9 +477,9 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
       }
 #pragma unroll
       for (int half = 0; half < 2; ++half) running_sum[half] = running_sum[half] * rescale[half] + tile_sum[half];
-      // Score tiles 2j and 2j + 1 hold keys 16j .. 16j + 7 and 16j + 8 .. 16j + 15 of the same
-      // rows, at the same lanes as the A fragment wants them: a0a1 (top row, keys 2·quad, +1), a2a3
-      // (bottom row), a4a5 and a6a7 (the same, 8 keys on). Only rounding to 16-bit pairs remains.
+        // Score tiles 2j and 2j + 1 hold keys 16j .. 16j + 7 and 16j + 8 .. 16j + 15 of the same
+        // rows, at the same lanes as the A fragment wants them: a0a1 (top row, keys 2·quad, +1), a2a3
+        // (bottom row), a4a5 and a6a7 (the same, 8 keys on). Only rounding to 16-bit pairs remains.
 #pragma unroll
       for (int j = 0; j < kKeySteps; ++j) {
         probs[strip][j][0] = pack_pair<Element>(score[2 * j][0], score[2 * j][1]);
