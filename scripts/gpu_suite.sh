@@ -118,7 +118,12 @@ phase_bench() {
       for e in 10 11 12 13 14 15 16 17; do run_point "$csv" "$stage" 1 1 $((1 << e)) $d || failed=$((failed + 1)); done
     done
   done
-  for d in 64 128; do for n in 256 512 1024; do run_point "$csv" 01_cpu 1 1 $n $d || failed=$((failed + 1)); done; done
+  for d in 64 128; do
+    for n in 256 512 1024; do
+      run_point "$csv" 01_cpu 1 1 $n $d || failed=$((failed + 1))
+      run_point "$csv" 01_cpu 1 1 $n $d --causal || failed=$((failed + 1))
+    done
+  done
   for stage in 01_cpu $(gpu_stages); do "$bin/$stage" --walkthrough >"$out/data/walkthrough_${stage:0:2}.txt" 2>&1; done
   note "bench: $(($(wc -l <"$csv") - 1)) rows, $failed runs not ok (oom rows are expected for 02 at large N)"
   python3 "$repo/scripts/summarize_results.py" "$csv" | tee -a "$summary"
