@@ -24,9 +24,10 @@ void require_cuda_device(int min_compute_capability = 0);
 // the environment that is a test failure instead, so a GPU run cannot skip by accident.
 void require_stage_runnable(const StageDescriptor& stage);
 
-// Runs `stage` on `inputs` (rounded to its precision), compares every row with the double
-// reference, and records the result with Catch2 (CHECK on the errors, with a readable message).
-RunOutcome check_stage_on(const StageDescriptor& stage, const Inputs& inputs);
+// Runs `stage` on `inputs` (rounded to its precision), compares `check_rows` rows (every row when
+// 0; else the first and last of each head plus seeded random ones) with the double reference, and
+// records the result with Catch2 (CHECK on the errors, with a readable message).
+RunOutcome check_stage_on(const StageDescriptor& stage, const Inputs& inputs, int64_t check_rows = 0);
 
 // Shapes (B, H, N, D) for the contract: N and D not multiples of any tile, at least three K/V
 // tiles plus a partial one, N smaller than a tile, B·H > 1; D capped at the stage's max_dim.

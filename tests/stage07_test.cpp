@@ -16,28 +16,8 @@
 #include "catch_compat.hpp"
 #include "fa/device.hpp"
 #include "fa/inputs.hpp"
-#include "fa/runner.hpp"
 #include "fa/stages.hpp"
 #include "gpu_contract.hpp"
-
-namespace {
-
-// Like check_stage_on, but compares only `rows` query rows (the first, the last and random ones)
-// with the reference: for grids too large to check every row in the reference's double loops.
-void check_sampled_rows(const fa::StageDescriptor& stage, const fa::Inputs& inputs, int64_t rows) {
-  fa::RunOptions options;
-  options.shape = inputs.shape;
-  options.time = false;
-  options.check_rows = rows;
-  const fa::RunOutcome outcome = fa::run_stage_on(stage, inputs, options);
-  INFO(stage.id << " at " << fa::describe(inputs.shape) << ": " << outcome.row.status << " " << outcome.row.note);
-  CHECK(outcome.row.status == "ok");
-  CHECK(outcome.checked);
-  CHECK(outcome.errors.non_finite == 0);
-  CHECK(outcome.errors.max_abs_err <= outcome.errors.tolerance);
-}
-
-}  // namespace
 
 FA_GPU_STAGE_CONTRACT("stage07", fa::stages::pipelined_fp16)
 
@@ -126,7 +106,7 @@ TEST_CASE("stage07: both rings at D = 128, both copy paths, causal or not") {
         const int64_t query_tiles = (shape.seq + query_rows - 1) / query_rows;
         shape.heads = fa::stages::stage07::kWideTilesMaxBlocksPerSm * multiprocessors / query_tiles + 1;
         REQUIRE_FALSE(fa::stages::stage07::use_wide_tiles(blocks(shape), multiprocessors));
-        check_sampled_rows(stage, fa::random_inputs(shape, seed++), 1024);
+        fa::test::check_stage_on(stage, fa::random_inputs(shape, seed++), 1024);
       }
     }
   }
