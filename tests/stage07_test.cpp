@@ -12,9 +12,7 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "../stages/07_fp16_pipelined/ring_choice.hpp"
 #include "catch_compat.hpp"
-#include "fa/device.hpp"
 #include "fa/inputs.hpp"
 #include "fa/stages.hpp"
 #include "gpu_contract.hpp"
@@ -59,9 +57,9 @@ TEST_CASE("stage07: head dims that are not multiples of 8 take the synchronous p
 TEST_CASE("stage07: every bucket through the ring, with zero-filled padding columns and tail rows") {
   // D % 8 == 0 takes cp.async; 8, 24, 40, 72 and 136 also leave padding columns in their bucket.
   // N = 1 (one partial tile), 31 (less than the first tile), 130 and 333 (many ring turns, with a
-  // partial tail tile in every bucket). Causal too: fewer tiles than the ring has stages for the
+  // partial tail tile in every bucket). Causal too: fewer tiles than the ring has slots for the
   // first query tiles (the prologue must issue only those), and at D = 256 four 16-key tiles on
-  // each diagonal, of which the block's first warps skip the later ones.
+  // each diagonal, the later ones all masked for the block's first warps.
   for (const fa::StageDescriptor& stage : {fa::stages::pipelined_fp16(), fa::stages::pipelined_bf16()}) {
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 710;
@@ -77,35 +75,23 @@ TEST_CASE("stage07: every bucket through the ring, with zero-filled padding colu
   }
 }
 
-TEST_CASE("stage07: both rings at D = 128, both copy paths, causal or not") {
-  // forward() picks 64-key tiles x 2 stages or 32-key tiles x 3 by ring_choice.hpp's rule; the
-  // shapes are chosen by that rule, so each ring runs whatever its thresholds are. D = 128 and
-  // 120 (padding columns) take cp.async, D = 100 the synchronous path.
-  const int64_t query_rows = 64;  // the kernel's Br
+TEST_CASE("stage07: D = 128 through the three-slot ring, both copy paths, causal or not") {
+  // Three slots for a stream of six or more K and V tiles: N = 1, 63 (inside the first tile), 65
+  // (one full tile and a partial one), 333 (several ring turns and a partial tail) and, with
+  // enough heads for several waves of blocks, 1061 (sampled rows). D = 128 and 120 (padding
+  // columns) take cp.async, D = 100 the synchronous path.
   for (const fa::StageDescriptor& stage : {fa::stages::pipelined_fp16(), fa::stages::pipelined_bf16()}) {
     fa::test::require_stage_runnable(stage);
-    const int64_t multiprocessors = fa::query_device().multiprocessors;
-    const auto blocks = [&](const fa::Shape& shape) {
-      return (shape.seq + query_rows - 1) / query_rows * shape.heads_total();
-    };
     uint64_t seed = 760;
     for (const bool causal : {false, true}) {
       for (const int64_t dim : {128, 120, 100}) {
-        // The wide ring: small grids (B·H = 4). N = 1, 63 (inside the first tile), 65 (one full tile and
-        // a partial one), 333 (several ring turns and a partial tail); every row checked.
         for (const int64_t seq : {1, 63, 65, 333}) {
           fa::Shape shape{2, 2, seq, dim};
           shape.causal = causal;
-          REQUIRE(fa::stages::stage07::use_wide_tiles(blocks(shape), multiprocessors));
           fa::test::check_stage_on(stage, fa::random_inputs(shape, seed++));
         }
-        // The narrow ring: enough heads for more than kWideTilesMaxBlocksPerSm blocks per SM, and
-        // N = 33·32 + 5 for a partial 32-key tail; sampled rows.
-        fa::Shape shape{1, 1, 1061, dim};
+        fa::Shape shape{2, 48, 1061, dim};
         shape.causal = causal;
-        const int64_t query_tiles = (shape.seq + query_rows - 1) / query_rows;
-        shape.heads = fa::stages::stage07::kWideTilesMaxBlocksPerSm * multiprocessors / query_tiles + 1;
-        REQUIRE_FALSE(fa::stages::stage07::use_wide_tiles(blocks(shape), multiprocessors));
         fa::test::check_stage_on(stage, fa::random_inputs(shape, seed++), 1024);
       }
     }

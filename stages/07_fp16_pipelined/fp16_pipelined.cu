@@ -6,19 +6,21 @@
 // from global straight into shared memory that does not wait for its data: a thread issues it,
 // goes on computing, and later waits only for the groups of copies it needs.
 //
-// So K and V now live in a ring of kStages buffers. Before the loop the block issues the copies
-// of the first kStages - 1 tiles; at tile j it waits for tile j alone, issues tile
-// j + kStages - 1 into the buffer that tile j - 1 has just released, and computes on tile j
-// while the later tiles are in flight. Everything else is stage 06: WMMA tensor cores, four warps
-// of 16 query rows each (the FlashAttention-2 split), scores and probabilities in each warp's
-// shared scratch, O in accumulator fragments.
+// So the block reads K and V as one stream of tiles, K0, V0, K1, V1, ..., through a ring of
+// kSlots shared-memory buffers: item i of the stream lands in slot i % kSlots. Before the loop
+// the block issues the copies of the first kSlots - 1 items; before it uses item i it waits for
+// item i alone, issues item i + kSlots - 1 into the slot item i - 1 has just released, and
+// computes on item i while the later items are in flight. K and V are separate items because
+// they are used at different times: V_j streams in while S = Q K_j^T is computed, K_(j+1) while
+// O += P V_j is, and a slot is reused as soon as its one tile is done with, so three 64-key slots
+// at D = 128 (51 KB) keep a copy in flight all the time and still leave room for three blocks on
+// an SM, as in stage 06. Everything else is stage 06: WMMA tensor cores, four warps of 16 query
+// rows each (the FlashAttention-2 split), scores and probabilities in each warp's shared scratch,
+// O in accumulator fragments.
 //
 // The kernel is a template on the element type: FP16 (__half) or BF16 (__nv_bfloat16), both
 // accumulated in FP32; P is rounded to the input type for the P·V product. cp.async and BF16
 // WMMA need sm_80, so on older GPUs forward() refuses before it launches anything.
-//
-// The ring's shape (keys per tile, stages) is a template parameter too: D = 128 has two, and
-// forward() picks one by the size of the problem (ring_choice.hpp).
 //
 // Causal masking (query i sees keys 0..i): a block stops at the K/V tile that holds its last
 // row's key, so tiles wholly above the diagonal are never copied; only tiles that cross the
@@ -37,7 +39,6 @@
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
-#include "ring_choice.hpp"
 
 // The device code of this file uses sm_80 instructions. It still compiles for older targets (the
 // host code must), where the kernel body is a trap that forward() never lets run.
@@ -74,18 +75,22 @@ using Accumulator = wmma::fragment<wmma::accumulator, kFragment, kFragment, kFra
 
 constexpr int max_of(int a, int b) { return a > b ? a : b; }
 
-// Sizes of one ring: head-dim bucket kDim, Bc = kKeysPerTile keys per K/V tile, kRingStages K/V
-// tiles in the ring (kRingStages - 1 in flight while one is computed), and the blocks per SM its
+// Sizes of one bucket: head dim kDim, Bc = kKeys keys per K/V tile, kSlots tiles in the ring (each
+// a K tile or a V tile; kSlots - 1 in flight while one is computed on), and the blocks per SM its
 // shared memory leaves room for on an H100/H200 (228 KB), a register cap for the compiler. Every
 // shared-memory row is padded by 8 elements (16 bytes of a 16-bit type, 32 bytes of FP32), so
 // the 8 rows a fragment load or store touches at once start in different banks instead of all in
 // the same one.
-template <int kDimBucket, int kKeysPerTile, int kRingStages, int kBlocksPerSm>
+template <int kDimBucket>
 struct Tiling {
   static constexpr int kDim = kDimBucket;
-  static constexpr int kKeys = kKeysPerTile;
-  static constexpr int kStages = kRingStages;
-  static constexpr int kMinBlocksPerSm = kBlocksPerSm;
+  // The ring multiplies the K/V shared memory, so the tiles shrink where it would cost
+  // occupancy. Up to D = 128, 64-key tiles and three blocks per SM: six slots at D = 64 (55 KB),
+  // three at D = 128 (51 KB; a fourth would leave room for two blocks only). At D = 256 the
+  // 16-key tiles of stage 06, four slots, two blocks.
+  static constexpr int kKeys = kDim <= 128 ? 64 : 16;
+  static constexpr int kSlots = kDim <= 64 ? 6 : kDim <= 128 ? 3 : 4;
+  static constexpr int kMinBlocksPerSm = kDim <= 128 ? 3 : 2;
   // Up to D = 128 a warp keeps its D/16 Q fragments in registers for the whole loop (8 at
   // D = 128, loaded once). At D = 256 those plus the 16 O accumulators would not fit in 255
   // registers, so Q stays in the warp's shared-memory slice and is reloaded for every tile.
@@ -108,8 +113,8 @@ struct Tiling {
   // Q in registers: the Q slice is only needed before the loop, so it shares the scratch.
   static constexpr int kWarpBytes =
       kQueryInRegisters ? max_of(kQuerySliceBytes, kScratchBytes) : kQuerySliceBytes + kScratchBytes;
-  // The ring: kStages pairs of (K tile, V tile), then the warps' slices.
-  static constexpr int kRingBytes = kStages * 2 * kKvTileBytes;
+  // The ring's slots, then the warps' slices.
+  static constexpr int kRingBytes = kSlots * kKvTileBytes;
   static constexpr int kSharedBytes = kRingBytes + kWarps * kWarpBytes;
 
   // Fragment loads need 256-bit aligned addresses: every region must start at a multiple of 32
@@ -117,23 +122,9 @@ struct Tiling {
   static_assert(kKvTileBytes % 32 == 0 && kQuerySliceBytes % 32 == 0 && kProbBytes % 32 == 0 && kWarpBytes % 32 == 0,
                 "shared-memory regions must stay 32-byte aligned");
   static_assert(kDim % kFragment == 0 && kKeys % kFragment == 0, "buckets and tiles are whole fragments");
-  static_assert(kStages >= 2, "a pipeline needs a tile in flight while another is computed");
+  static_assert(kSlots >= 2, "a pipeline needs a tile in flight while another is computed");
 };
 
-// The ring of each bucket. It multiplies the K/V shared memory, so the tiles shrink where it
-// would cost occupancy: up to D = 64, three 64-key stages (72 KB at D = 64) fit three blocks on
-// an SM. At D = 256 the 16-key tiles of stage 06 keep two stages.
-constexpr int default_keys(int dim) { return dim <= 64 ? 64 : dim <= 128 ? 32 : 16; }
-constexpr int default_stages(int dim) { return dim <= 128 ? 3 : 2; }
-template <int kDim>
-using DefaultTiling = Tiling<kDim, default_keys(kDim), default_stages(kDim), default_stages(kDim)>;
-// D = 128 has two rings. Three 32-key stages (68 KB a block) let three blocks share an SM, as in
-// stage 06, but every key tile costs a barrier, two shuffles and a rescale of O, twice as many
-// per key as with 64-key tiles. Two 64-key stages (86 KB) halve that overhead and leave room for
-// two blocks only. The deep, narrow ring wins where many waves of blocks keep three per SM busy;
-// the wide one on short sequences and small grids (ring_choice.hpp).
-using NarrowTiling128 = DefaultTiling<128>;
-using WideTiling128 = Tiling<128, 64, 2, 2>;
 
 // FP32 -> the element type, and two FP32 values as the 32 bits of a rounded pair (low first).
 template <typename Element>
@@ -263,20 +254,20 @@ __device__ void issue_tile_async(Element* tile, int stride, const Element* sourc
 }
 #endif
 
-// One block: 64 query rows (one query tile) of one (batch, head); T is the ring's Tiling.
-template <typename Element, typename T, bool kAsyncCopies>
-__global__ void __launch_bounds__(kThreads, T::kMinBlocksPerSm)
+// One block: 64 query rows (one query tile) of one (batch, head).
+template <typename Element, int kDim, bool kAsyncCopies>
+__global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
     pipelined_attention_kernel(const Element* __restrict__ q, const Element* __restrict__ k,
                                const Element* __restrict__ v, Element* __restrict__ o, int seq, int dim,
                                int query_tiles, int heads_total, bool causal, float scale_log2) {
 #if FA_STAGE07_DEVICE_CODE
-  constexpr int kDim = T::kDim;
+  using T = Tiling<kDim>;
   constexpr int kDimFragments = kDim / kFragment;
   constexpr int kKeyFragments = T::kKeys / kFragment;
   constexpr int kScoresPerLane = T::kKeys / 2;  // two lanes share each of the warp's 16 rows
 
   extern __shared__ __align__(128) unsigned char shared[];
-  // Ring slot s holds K at ring + 2·s·tile and V right after it.
+  // Slot s of the ring starts at ring + s · kTileElements.
   Element* ring = reinterpret_cast<Element*>(shared);
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -300,43 +291,38 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocksPerSm)
   const int64_t head_offset = head * seq * dim;
   const int block_first_row = query_tile * kQueryRows;
   const int warp_first_row = block_first_row + warp * kFragment;
-  const int warp_last_row = warp_first_row + kFragment - 1;
-  // Causal: no row of the block sees a key past its last row, so the ring stops at the tile
+  // Causal: no row of the block sees a key past its last row, so the stream stops at the tile
   // that holds that key; the prologue and the refills count only these tiles, so no copy of a
   // tile above the diagonal is ever issued.
   const int key_end = causal ? min(seq, block_first_row + kQueryRows) : seq;
   const int tiles = (key_end + T::kKeys - 1) / T::kKeys;
+  const int items = 2 * tiles;  // the stream K0, V0, K1, V1, ...
 
   // For the softmax, lanes 2r and 2r+1 own row r of the warp's 16; each takes every other
   // group of 4 columns (the interleaving keeps the score reads free of bank conflicts).
   const int my_row = lane / 2;
   const int my_half = lane % 2;
 
-  // EXERCISE BEGIN: issue the copies of K/V tile `tile` into its ring slot (cp.async, zero-filled past N), no waiting
-  // Tile t goes to slot t % kStages. On the fallback path the same call copies synchronously.
-  const auto issue_kv_tile = [&](int tile) {
-    Element* key_slot = ring + 2 * (tile % T::kStages) * T::kTileElements;
-    Element* value_slot = key_slot + T::kTileElements;
-    const int key_base = tile * T::kKeys;
+  // EXERCISE BEGIN: issue the copies of stream item `item` into its ring slot (cp.async, zero-filled past N), no waiting
+  // Item 2t is K tile t, item 2t + 1 is V tile t; item i goes to slot i % kSlots. On the fallback
+  // path the same call copies synchronously.
+  const auto issue_item = [&](int item) {
+    Element* slot = ring + (item % T::kSlots) * T::kTileElements;
+    const int key_base = item / 2 * T::kKeys;
     const int valid_keys = min(T::kKeys, seq - key_base);
-    const Element* key_source = k + head_offset + static_cast<int64_t>(key_base) * dim;
-    const Element* value_source = v + head_offset + static_cast<int64_t>(key_base) * dim;
+    const Element* source = (item % 2 == 0 ? k : v) + head_offset + static_cast<int64_t>(key_base) * dim;
     if constexpr (kAsyncCopies) {
-      issue_tile_async<Element, kDim, T::kKeys>(key_slot, T::kTileStride, key_source, valid_keys, dim, threadIdx.x);
-      issue_tile_async<Element, kDim, T::kKeys>(value_slot, T::kTileStride, value_source, valid_keys, dim, threadIdx.x);
+      issue_tile_async<Element, kDim, T::kKeys>(slot, T::kTileStride, source, valid_keys, dim, threadIdx.x);
     } else {
-      load_tile_sync<Element, kDim, T::kKeys, kThreads>(key_slot, T::kTileStride, key_source, valid_keys, dim,
-                                                        threadIdx.x);
-      load_tile_sync<Element, kDim, T::kKeys, kThreads>(value_slot, T::kTileStride, value_source, valid_keys, dim,
-                                                        threadIdx.x);
+      load_tile_sync<Element, kDim, T::kKeys, kThreads>(slot, T::kTileStride, source, valid_keys, dim, threadIdx.x);
     }
   };
 
   // The prologue fills all but one slot. Every step commits a group, empty or not, so that
-  // "tile j has landed" is always "at most kStages - 2 groups are still in flight".
+  // "item i has landed" is always "at most kSlots - 2 groups are still in flight".
 #pragma unroll
-  for (int tile = 0; tile < T::kStages - 1; ++tile) {
-    if (tile < tiles) issue_kv_tile(tile);
+  for (int item = 0; item < T::kSlots - 1; ++item) {
+    if (item < items) issue_item(item);
     commit_copies();
   }
   // EXERCISE END
@@ -362,25 +348,25 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocksPerSm)
   float row_max = -INFINITY;
   float row_sum = 0.0f;
 
-#pragma unroll 1
-  for (int tile = 0; tile < tiles; ++tile) {
-    // EXERCISE BEGIN: wait for tile `tile` only, then refill the slot tile - 1 has released with tile + kStages - 1
-    wait_copies<T::kStages - 2>();  // this thread's copies of tile `tile` have landed
-    // Every thread's copies of the tile are visible, and every warp is done with tile - 1, whose
+  // Waits for stream item `item`, refills the slot the previous item has released and returns
+  // the item's slot. Called by every thread of the block, for every item, in order.
+  const auto next_item = [&](int item) {
+    // EXERCISE BEGIN: wait for item `item` only, then refill the slot item - 1 has released with item + kSlots - 1
+    wait_copies<T::kSlots - 2>();  // this thread's copies of the item have landed
+    // Every thread's copies of the item are visible, and every warp is done with item - 1, whose
     // slot the next copies overwrite.
     __syncthreads();
-    if (tile + T::kStages - 1 < tiles) issue_kv_tile(tile + T::kStages - 1);
+    if (item + T::kSlots - 1 < items) issue_item(item + T::kSlots - 1);
     commit_copies();
     // EXERCISE END
-    const Element* key_tile = ring + 2 * (tile % T::kStages) * T::kTileElements;
-    const Element* value_tile = key_tile + T::kTileElements;
+    return static_cast<const Element*>(ring + (item % T::kSlots) * T::kTileElements);
+  };
+
+#pragma unroll 1
+  for (int tile = 0; tile < tiles; ++tile) {
+    const Element* key_tile = next_item(2 * tile);
     const int key_base = tile * T::kKeys;
     const int valid_keys = min(T::kKeys, seq - key_base);
-    // Causal: a tile that starts past the warp's last row is all masked for its 16 rows (with
-    // 32-key tiles, the block's first two warps on the second diagonal tile; with 16-key tiles at
-    // D = 256, more). The warp has done its part of the copies and the barrier; it skips the
-    // products. No block-wide barrier follows before the next loop head, so this is safe.
-    if (causal && key_base > warp_last_row) continue;
 
     // S = Q K^T for the warp's 16 rows, into its score slice. Two 16-key accumulators at a
     // time: their chains of dependent products interleave. (Not unrolled: fully unrolled, the
@@ -426,9 +412,10 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocksPerSm)
     if (valid_keys < T::kKeys || (causal && key_base + T::kKeys - 1 > warp_first_row)) {
       const int my_query_row = warp_first_row + my_row;
       const int visible_keys = causal ? min(valid_keys, my_query_row - key_base + 1) : valid_keys;
+      const int limit = visible_keys - 4 * my_half;
 #pragma unroll
       for (int i = 0; i < kScoresPerLane; ++i) {
-        if (8 * (i / 4) + 4 * my_half + i % 4 >= visible_keys) s[i] = -INFINITY;
+        if (8 * (i / 4) + i % 4 >= limit) s[i] = -INFINITY;
       }
     }
     float tile_max = -INFINITY;
@@ -438,9 +425,11 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocksPerSm)
     // new_max is finite, so no exponent below is -inf - (-inf). The first tile holds key 0, which
     // every row sees (key 0 < N, and causal row i sees keys 0..i), so after it row_max is finite;
     // on it row_max is -inf and the rescale factor is 2^-inf = 0. A later tile whose keys are
-    // all masked for a row (none is, in fact: tiles and warps both start at multiples of 16, so
-    // a tile the warp computes starts at or before each of its rows) would give tile_max = -inf,
-    // new_max = row_max, rescale 1 and p = 2^-inf = 0: it would change nothing.
+    // all masked for a row gives tile_max = -inf, new_max = row_max, rescale 1 and p = 2^-inf = 0:
+    // it changes nothing. With 64-key tiles no warp meets one (a block's last tile starts at its
+    // first row); at D = 256 the 16-key tiles of the diagonal are all masked for the block's
+    // first warps, which compute them anyway: skipping them would save little and the warps
+    // must still take part in every barrier of the stream.
     const float new_max = fmaxf(row_max, tile_max * scale_log2);
     const float rescale = fast_exp2(row_max - new_max);
     row_max = new_max;
@@ -473,6 +462,9 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocksPerSm)
 #pragma unroll
       for (int i = 0; i < factor.num_elements; ++i) out[d].x[i] *= factor.x[i];
     }
+
+    // Every warp is done with K tile `tile`: its slot takes the next copies while V arrives.
+    const Element* value_tile = next_item(2 * tile + 1);
 
     // O += P V: 16 keys of P at a time against the matching 16 rows of V, every 16 columns.
 #pragma unroll 1
@@ -522,10 +514,11 @@ __global__ void __launch_bounds__(kThreads, T::kMinBlocksPerSm)
 #endif
 }
 
-template <typename Element, typename T, bool kAsyncCopies>
+template <typename Element, int kDim, bool kAsyncCopies>
 cudaError_t launch(const Shape& shape, const Element* q, const Element* k, const Element* v, Element* o,
                    cudaStream_t stream) {
-  const auto kernel = &pipelined_attention_kernel<Element, T, kAsyncCopies>;
+  using T = Tiling<kDim>;
+  const auto kernel = &pipelined_attention_kernel<Element, kDim, kAsyncCopies>;
   int device = 0;
   int shared_limit = 0;
   FA_CUDA_TRY(cudaGetDevice(&device));
@@ -548,11 +541,11 @@ cudaError_t launch(const Shape& shape, const Element* q, const Element* k, const
 
 // The cp.async path and the synchronous fallback are separate kernels, so neither carries the
 // other's registers.
-template <typename Element, typename T>
-cudaError_t launch_ring(const Shape& shape, const Element* q, const Element* k, const Element* v, Element* o,
-                        bool async_copies, cudaStream_t stream) {
-  return async_copies ? launch<Element, T, true>(shape, q, k, v, o, stream)
-                      : launch<Element, T, false>(shape, q, k, v, o, stream);
+template <typename Element, int kDim>
+cudaError_t launch_bucket(const Shape& shape, const Element* q, const Element* k, const Element* v, Element* o,
+                          bool async_copies, cudaStream_t stream) {
+  return async_copies ? launch<Element, kDim, true>(shape, q, k, v, o, stream)
+                      : launch<Element, kDim, false>(shape, q, k, v, o, stream);
 }
 
 bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
@@ -576,18 +569,11 @@ cudaError_t forward(const Shape& shape, const void* q, const void* k, const void
   // 16-byte copies need every row to start on a 16-byte boundary.
   const bool async_copies =
       shape.dim % kChunkElements == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(o);
-  if (shape.dim <= 16) return launch_ring<Element, DefaultTiling<16>>(shape, qe, ke, ve, oe, async_copies, stream);
-  if (shape.dim <= 32) return launch_ring<Element, DefaultTiling<32>>(shape, qe, ke, ve, oe, async_copies, stream);
-  if (shape.dim <= 64) return launch_ring<Element, DefaultTiling<64>>(shape, qe, ke, ve, oe, async_copies, stream);
-  if (shape.dim <= 128) {
-    int multiprocessors = 0;
-    FA_CUDA_TRY(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
-    const int64_t blocks = (shape.seq + kQueryRows - 1) / kQueryRows * shape.heads_total();
-    return stage07::use_wide_tiles(blocks, multiprocessors)
-               ? launch_ring<Element, WideTiling128>(shape, qe, ke, ve, oe, async_copies, stream)
-               : launch_ring<Element, NarrowTiling128>(shape, qe, ke, ve, oe, async_copies, stream);
-  }
-  return launch_ring<Element, DefaultTiling<256>>(shape, qe, ke, ve, oe, async_copies, stream);
+  if (shape.dim <= 16) return launch_bucket<Element, 16>(shape, qe, ke, ve, oe, async_copies, stream);
+  if (shape.dim <= 32) return launch_bucket<Element, 32>(shape, qe, ke, ve, oe, async_copies, stream);
+  if (shape.dim <= 64) return launch_bucket<Element, 64>(shape, qe, ke, ve, oe, async_copies, stream);
+  if (shape.dim <= 128) return launch_bucket<Element, 128>(shape, qe, ke, ve, oe, async_copies, stream);
+  return launch_bucket<Element, 256>(shape, qe, ke, ve, oe, async_copies, stream);
 }
 
 StageDescriptor describe(Precision precision, ForwardFn forward_function, const char* title) {
