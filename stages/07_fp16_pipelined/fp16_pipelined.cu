@@ -125,7 +125,6 @@ struct Tiling {
   static_assert(kSlots >= 2, "a pipeline needs a tile in flight while another is computed");
 };
 
-
 // FP32 -> the element type, and two FP32 values as the 32 bits of a rounded pair (low first).
 template <typename Element>
 __device__ __forceinline__ Element to_element(float value) {
@@ -303,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
   const int my_row = lane / 2;
   const int my_half = lane % 2;
 
-  // EXERCISE BEGIN: issue the copies of stream item `item` into its ring slot (cp.async, zero-filled past N), no waiting
+  // EXERCISE BEGIN: issue the copies of stream item `item` into its slot (cp.async, zero-filled past N); no waiting
   // Item 2t is K tile t, item 2t + 1 is V tile t; item i goes to slot i % kSlots. On the fallback
   // path the same call copies synchronously.
   const auto issue_item = [&](int item) {
@@ -351,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
   // Waits for stream item `item`, refills the slot the previous item has released and returns
   // the item's slot. Called by every thread of the block, for every item, in order.
   const auto next_item = [&](int item) {
-    // EXERCISE BEGIN: wait for item `item` only, then refill the slot item - 1 has released with item + kSlots - 1
+    // EXERCISE BEGIN: wait for item `item` only, then refill the slot item - 1 released with item + kSlots - 1
     wait_copies<T::kSlots - 2>();  // this thread's copies of the item have landed
     // Every thread's copies of the item are visible, and every warp is done with item - 1, whose
     // slot the next copies overwrite.
