@@ -5,7 +5,8 @@
 // which a synchronous rewrite of the exercise would lose, and must use BF16 tensor cores:
 //   cp\.async\.cg\.shared\.global    cp\.async\.commit_group    cp\.async\.wait_group [0-9]+
 //   wmma\.mma\.sync\.aligned\.row\.col\.m16n16k16\.f32\.bf16\.bf16\.f32
-// (In SASS the copies are LDGSTS and the waits LDGDEPBAR / DEPBAR.)
+// (In SASS the copies are LDGSTS and the waits LDGDEPBAR / DEPBAR.) A second test assembles the
+// same PTX with ptxas -v and fails if any kernel spills to local memory.
 // On a GPU older than sm_80 every GPU test case here reports skipped (require_stage_runnable).
 #include <cuda_runtime_api.h>
 
