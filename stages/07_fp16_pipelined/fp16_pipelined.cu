@@ -232,15 +232,16 @@ __device__ __forceinline__ void wait_copies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Issues the copies of one K or V tile (kRows rows of kDim columns) into a ring buffer, without
-// waiting for them. A thread copies the same 16-byte column of every kRowsPerPass-th row.
-template <typename Element, int kDim, int kRows>
+// Issues the copies of a tile (kRows rows of kDim columns: a K or V tile by the block, a warp's Q
+// rows by the warp) into shared memory, without waiting for them. Each of the kThreadCount
+// threads copies the same 16-byte column of every kRowsPerPass-th row.
+template <typename Element, int kDim, int kRows, int kThreadCount>
 __device__ void issue_tile_async(Element* tile, int stride, const Element* source, int valid_rows, int dim,
                                  int thread) {
   constexpr int kChunksPerRow = kDim / kChunkElements;
-  constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  constexpr int kRowsPerPass = kThreadCount / kChunksPerRow;
   constexpr int kPasses = kRows / kRowsPerPass;
-  static_assert(kThreads % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
+  static_assert(kThreadCount % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows per pass");
   const int first_row = thread / kChunksPerRow;
   const int column = thread % kChunksPerRow * kChunkElements;
 #pragma unroll
@@ -302,6 +303,19 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
   const int my_row = lane / 2;
   const int my_half = lane % 2;
 
+  // The warp's own 16 query rows (only this warp reads them): on the cp.async path the first group
+  // of copies, in flight with the first K/V tiles; on the fallback path, loaded through registers
+  // (the group is then empty).
+  const Element* query_source = q + head_offset + static_cast<int64_t>(warp_first_row) * dim;
+  if constexpr (kAsyncCopies) {
+    issue_tile_async<Element, kDim, kFragment, kWarpSize>(query_slice, T::kTileStride, query_source,
+                                                          seq - warp_first_row, dim, lane);
+  } else {
+    load_tile_sync<Element, kDim, kFragment, kWarpSize>(query_slice, T::kTileStride, query_source, seq - warp_first_row,
+                                                        dim, lane);
+  }
+  commit_copies();
+
   // EXERCISE BEGIN: issue the copies of stream item `item` into its slot (cp.async, zero-filled past N); no waiting
   // Item 2t is K tile t, item 2t + 1 is V tile t; item i goes to slot i % kSlots. On the fallback
   // path the same call copies synchronously.
@@ -311,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
     const int valid_keys = min(T::kKeys, seq - key_base);
     const Element* source = (item % 2 == 0 ? k : v) + head_offset + static_cast<int64_t>(key_base) * dim;
     if constexpr (kAsyncCopies) {
-      issue_tile_async<Element, kDim, T::kKeys>(slot, T::kTileStride, source, valid_keys, dim, threadIdx.x);
+      issue_tile_async<Element, kDim, T::kKeys, kThreads>(slot, T::kTileStride, source, valid_keys, dim, threadIdx.x);
     } else {
       load_tile_sync<Element, kDim, T::kKeys, kThreads>(slot, T::kTileStride, source, valid_keys, dim, threadIdx.x);
     }
@@ -326,11 +340,9 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
   }
   // EXERCISE END
 
-  // The warp's own 16 query rows, loaded while the first K/V tiles are in flight: only this warp
-  // reads them, so __syncwarp is the barrier.
-  load_tile_sync<Element, kDim, kFragment, kWarpSize>(query_slice, T::kTileStride,
-                                                      q + head_offset + static_cast<int64_t>(warp_first_row) * dim,
-                                                      seq - warp_first_row, dim, lane);
+  // Q's group has landed once no more than the prologue's kSlots - 1 groups are in flight; only
+  // this warp reads the rows, so __syncwarp is the barrier.
+  wait_copies<T::kSlots - 1>();
   __syncwarp();
   QueryOrProbs<Element> query[T::kQueryInRegisters ? kDimFragments : 1];
   if constexpr (T::kQueryInRegisters) {
