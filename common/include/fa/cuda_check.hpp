@@ -1,5 +1,6 @@
 // CUDA error handling. Host code that cannot continue uses FA_CUDA_CHECK (throws CudaError);
-// stage forward functions return the error with FA_CUDA_TRY / FA_LAUNCH_TRY instead.
+// stage forward functions, which return an fa::Status (stage.hpp), use FA_CUDA_TRY /
+// FA_LAUNCH_TRY / FA_STATUS_TRY instead.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,10 +29,17 @@ class CudaError : public std::runtime_error {
     if (fa_status_ != cudaSuccess) fa::throw_cuda_error(fa_status_, #expression, __FILE__, __LINE__); \
   } while (0)
 
-#define FA_CUDA_TRY(expression)                       \
-  do {                                                \
-    const cudaError_t fa_status_ = (expression);      \
-    if (fa_status_ != cudaSuccess) return fa_status_; \
+#define FA_CUDA_TRY(expression)                                         \
+  do {                                                                  \
+    const cudaError_t fa_status_ = (expression);                        \
+    if (fa_status_ != cudaSuccess) return ::fa::Status::cuda(fa_status_); \
+  } while (0)
+
+// Returns a Status that is not ok (a decline or an error) to the caller.
+#define FA_STATUS_TRY(expression)                   \
+  do {                                              \
+    ::fa::Status fa_result_ = (expression);         \
+    if (!fa_result_.ok()) return fa_result_;        \
   } while (0)
 
 // After a <<<...>>> launch: a bad configuration is reported here, not at the next sync.

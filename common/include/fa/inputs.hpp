@@ -9,13 +9,14 @@
 
 namespace fa {
 
+// Q is (B, Hq, Nq, D), K and V are (B, Hkv, Nk, D) (problem.hpp).
 struct Inputs {
-  Shape shape;
+  Problem problem;
   std::vector<float> q, k, v;  // FP32 values; for FP16/BF16 stages already rounded to that type
 };
 
 // Uniform in [-1, 1), the same on every platform for a given seed.
-Inputs random_inputs(const Shape& shape, uint64_t seed);
+Inputs random_inputs(const Problem& problem, uint64_t seed);
 
 // Rounds every value to what `precision` can hold, so the reference sees what the kernel sees.
 void round_to_precision(Inputs& inputs, Precision precision);
@@ -33,6 +34,6 @@ Inputs walkthrough_inputs();
 Inputs well_conditioned_inputs();
 
 // Logits of magnitude ~1e3: exp without the max subtraction overflows.
-Inputs large_logit_inputs(const Shape& shape, uint64_t seed);
+Inputs large_logit_inputs(const Problem& problem, uint64_t seed);
 
 }  // namespace fa

@@ -24,7 +24,8 @@ enum ExitCode : int {
 };
 
 struct RunOptions {
-  Shape shape{1, 1, 1024, 64};
+  Problem problem = Problem::square(1, 1, 1024, 64);
+  bool lse = false;  // also ask for the log-sum-exp, and check it
   uint64_t seed = 0;
   int warmup = 3;
   int reps = 10;
@@ -35,7 +36,8 @@ struct RunOptions {
 
 struct RunOutcome {
   ResultRow row;
-  ErrorReport errors;
+  ErrorReport errors;      // of O
+  ErrorReport lse_errors;  // of the LSE, when options.lse
   bool checked = false;
   int exit_code = kExitOk;
   std::vector<float> output;  // the stage's O (FP32), filled when keep_output is set

@@ -1,0 +1,47 @@
+// Host plumbing every GPU stage's forward() needs before a launch, written once.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+#include <utility>
+
+#include "fa/stage.hpp"
+
+namespace fa {
+
+// 16-byte vector loads, cp.async and TMA need every row to start on a 16-byte boundary.
+inline bool aligned16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
+inline bool all_aligned16(std::initializer_list<const void*> pointers) {
+  for (const void* pointer : pointers) {
+    if (!aligned16(pointer)) return false;
+  }
+  return true;
+}
+
+// Lets `kernel` use `bytes` of dynamic shared memory (above 48 KB a kernel must opt in) and asks
+// for the largest shared-memory carveout. A size beyond the device's per-block limit is declined
+// with the numbers.
+Status opt_in_shared_memory(const void* kernel, int64_t bytes);
+
+template <typename Kernel>
+Status opt_in_shared_memory(Kernel* kernel, int64_t bytes) {
+  return opt_in_shared_memory(reinterpret_cast<const void*>(kernel), bytes);
+}
+
+// A grid of this many blocks, or a decline when it exceeds the launch limit of 2^31 - 1.
+Status check_grid(int64_t blocks);
+
+// Calls `launch(std::integral_constant<int, kBucket>{})` for the smallest head-dim bucket that
+// holds `dim` (the kernel then pads D up to it with zeros); declines a dim beyond the largest.
+template <int... kBuckets, typename Launch>
+Status dispatch_head_dim(int64_t dim, Launch&& launch) {
+  Status status = Status::unsupported("head dim " + std::to_string(dim) + " is beyond the largest bucket");
+  bool done = false;
+  ((!done && dim <= kBuckets ? (status = launch(std::integral_constant<int, kBuckets>{}), done = true) : false), ...);
+  return status;
+}
+
+}  // namespace fa
