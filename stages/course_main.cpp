@@ -9,7 +9,7 @@
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   fa::CommandLine defaults;
-  defaults.run.shape = fa::Shape{1, 8, 1024, 64};  // a second or two for the CPU stage
+  defaults.run.problem = fa::Problem::square(1, 8, 1024, 64);  // a second or two for the CPU stage
   fa::ParseResult parsed = fa::parse_command_line("fa_course", 256, args, defaults);
   if (!parsed.ok) {
     (parsed.exit_code == fa::kExitOk ? std::cout : std::cerr) << parsed.message << "\n";
@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
   const fa::CommandLine& line = parsed.command_line;
   try {
     const fa::DeviceInfo device = fa::query_device();
-    std::cout << "FlashAttention from scratch: every stage on the same inputs (" << fa::describe(line.run.shape)
+    std::cout << "FlashAttention from scratch: every stage on the same inputs (" << fa::describe(line.run.problem)
               << ", seed " << line.run.seed << ")\n";
     std::cout << (device.present
                       ? "GPU: " + device.name

@@ -26,10 +26,10 @@ TEST_CASE("common: command line parses every option") {
                                         "--warmup", "1", "--reps", "4", "--no-check", "--csv", "out.csv"});
   REQUIRE(result.ok);
   const fa::CommandLine& line = result.command_line;
-  CHECK(line.run.shape.batch == 2);
-  CHECK(line.run.shape.heads == 3);
-  CHECK(line.run.shape.seq == 100);
-  CHECK(line.run.shape.dim == 80);
+  CHECK(line.run.problem.batch == 2);
+  CHECK(line.run.problem.q_heads == 3);
+  CHECK(line.run.problem.q_seq == 100);
+  CHECK(line.run.problem.dim == 80);
   CHECK(line.run.seed == 9);
   CHECK(line.run.warmup == 1);
   CHECK(line.run.reps == 4);
@@ -57,4 +57,23 @@ TEST_CASE("common: --help prints the options and exits 0") {
   CHECK(result.exit_code == 0);
   CHECK(result.message.find("--seq") != std::string::npos);
   CHECK(result.message.find("--walkthrough") != std::string::npos);
+}
+
+TEST_CASE("common: command line takes key/value heads and a key length of their own") {
+  const fa::ParseResult square = parse({"--heads", "8", "--seq", "100"});
+  REQUIRE(square.ok);
+  CHECK(square.command_line.run.problem.kv_heads == 8);  // Hkv and Nk follow Hq and N
+  CHECK(square.command_line.run.problem.kv_seq == 100);
+  CHECK_FALSE(square.command_line.run.lse);
+  const fa::ParseResult general = parse({"--heads", "8", "--kv-heads", "2", "--seq", "4", "--seq-k", "1000", "--lse"});
+  REQUIRE(general.ok);
+  const fa::Problem& problem = general.command_line.run.problem;
+  CHECK(problem.q_heads == 8);
+  CHECK(problem.kv_heads == 2);
+  CHECK(problem.q_seq == 4);
+  CHECK(problem.kv_seq == 1000);
+  CHECK(general.command_line.run.lse);
+  check_rejected({"--heads", "8", "--kv-heads", "3"});  // not a divisor
+  check_rejected({"--kv-heads", "0"});
+  check_rejected({"--seq-k", "0"});
 }

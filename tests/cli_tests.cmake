@@ -17,3 +17,24 @@ set_tests_properties("stage01: --walkthrough prints the exact values and agrees"
 add_test(NAME "stage01: runs a small problem from the command line" COMMAND 01_cpu --seq 100 --dim 16 --reps 1)
 set_tests_properties("stage01: runs a small problem from the command line" PROPERTIES
   PASS_REGULAR_EXPRESSION "01_cpu +fp32 .* ok")
+
+# General shapes from the command line: stage 01 takes grouped-query heads, Nq != Nk and the
+# log-sum-exp; the stages that predate them refuse each with one line and exit code 2 (bad input),
+# on any machine: the refusal comes before any GPU is touched.
+add_test(NAME "stage01: runs grouped-query, Nq != Nk, causal, with the log-sum-exp"
+         COMMAND 01_cpu --heads 8 --kv-heads 2 --seq 37 --seq-k 101 --dim 16 --causal --lse --reps 1)
+set_tests_properties("stage01: runs grouped-query, Nq != Nk, causal, with the log-sum-exp" PROPERTIES
+  PASS_REGULAR_EXPRESSION "B=1 Hq=8 Hkv=2 Nq=37 Nk=101 D=16 causal.*01_cpu +fp32 .* ok")
+set(fa_expect_refusal ${CMAKE_CURRENT_SOURCE_DIR}/expect_refusal.sh)
+foreach(id IN LISTS stage_ids)
+  string(SUBSTRING ${id} 0 2 number)
+  if(number STRLESS "02" OR number STRGREATER "07")
+    continue()
+  endif()
+  add_test(NAME "stage${number}: command line refuses grouped-query heads in one line"
+           COMMAND ${fa_expect_refusal} 2 "stage ${id} takes only Hkv = Hq" $<TARGET_FILE:${id}> --heads 4 --kv-heads 2)
+  add_test(NAME "stage${number}: command line refuses Nq != Nk in one line"
+           COMMAND ${fa_expect_refusal} 2 "stage ${id} takes only Nq = Nk" $<TARGET_FILE:${id}> --seq 64 --seq-k 128)
+  add_test(NAME "stage${number}: command line refuses the log-sum-exp in one line"
+           COMMAND ${fa_expect_refusal} 2 "stage ${id} does not write the log-sum-exp" $<TARGET_FILE:${id}> --lse)
+endforeach()

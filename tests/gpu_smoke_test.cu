@@ -16,10 +16,9 @@ __global__ void add_one(float* values, int count) {
   if (i < count) values[i] += 1.0f;
 }
 
-// A GPU "stage" that writes nothing: the runner's NaN poison must catch it on the device too.
-cudaError_t silent_forward(const fa::Shape&, const void*, const void*, const void*, void*, void*, cudaStream_t) {
-  return cudaSuccess;
-}
+// A GPU "stage" that writes nothing: the runner's NaN poison must catch it on the device too,
+// in O and in the log-sum-exp.
+fa::Status silent_forward(const fa::ForwardArgs&) { return fa::Status(); }
 
 }  // namespace
 
@@ -44,10 +43,13 @@ TEST_CASE("common: the NaN poison catches a GPU stage that writes nothing") {
   fa::StageDescriptor stage;
   stage.id = "test_silent";
   stage.forward = &silent_forward;
+  stage.features.lse = true;
   fa::RunOptions options;
-  options.shape = fa::Shape{1, 1, 8, 4};
+  options.problem = fa::Problem::square(1, 1, 8, 4);
   options.time = false;
+  options.lse = true;
   const fa::RunOutcome outcome = fa::run_stage(stage, options);
   CHECK(outcome.row.status == "error");
-  CHECK(outcome.errors.non_finite == options.shape.elements());
+  CHECK(outcome.errors.non_finite == options.problem.q_elements());
+  CHECK(outcome.lse_errors.non_finite == options.problem.q_rows());
 }

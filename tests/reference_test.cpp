@@ -11,7 +11,7 @@
 
 namespace {
 
-fa::Inputs small_inputs(uint64_t seed = 3) { return fa::random_inputs(fa::Shape{2, 2, 9, 5}, seed); }
+fa::Inputs small_inputs(uint64_t seed = 3) { return fa::random_inputs(fa::Problem::square(2, 2, 9, 5), seed); }
 
 // softmax of one row of scores, computed here from exp directly (no max subtraction needed at
 // these magnitudes): an independent check of the reference's weights.
@@ -27,21 +27,21 @@ std::vector<double> softmax(const std::vector<double>& scores, std::size_t begin
 
 TEST_CASE("common: reference softmax rows sum to 1 and reproduce O") {
   const fa::Inputs inputs = small_inputs();
-  const fa::Shape& shape = inputs.shape;
+  const fa::Problem& shape = inputs.problem;
   const std::vector<double> out = fa::reference_attention(inputs);
-  for (int64_t head = 0; head < shape.heads_total(); ++head) {
+  for (int64_t head = 0; head < shape.q_heads_total(); ++head) {
     const std::vector<double> scores = fa::reference_scores(inputs, head);
-    for (int64_t i = 0; i < shape.seq; ++i) {
+    for (int64_t i = 0; i < shape.q_seq; ++i) {
       const std::vector<double> p =
-          softmax(scores, static_cast<std::size_t>(i * shape.seq), static_cast<std::size_t>(shape.seq));
+          softmax(scores, static_cast<std::size_t>(i * shape.q_seq), static_cast<std::size_t>(shape.q_seq));
       CHECK(std::accumulate(p.begin(), p.end(), 0.0) == Approx(1.0).epsilon(1e-12));
       for (int64_t d = 0; d < shape.dim; ++d) {
         double expected = 0.0;
-        for (int64_t j = 0; j < shape.seq; ++j) {
+        for (int64_t j = 0; j < shape.q_seq; ++j) {
           expected += p[static_cast<std::size_t>(j)] *
-                      inputs.v[static_cast<std::size_t>((head * shape.seq + j) * shape.dim + d)];
+                      inputs.v[static_cast<std::size_t>((head * shape.q_seq + j) * shape.dim + d)];
         }
-        CHECK(out[static_cast<std::size_t>((head * shape.seq + i) * shape.dim + d)] == Approx(expected).epsilon(1e-12));
+        CHECK(out[static_cast<std::size_t>((head * shape.q_seq + i) * shape.dim + d)] == Approx(expected).epsilon(1e-12));
       }
     }
   }
@@ -49,7 +49,7 @@ TEST_CASE("common: reference softmax rows sum to 1 and reproduce O") {
 
 TEST_CASE("common: reference gives v when every V row is v") {
   fa::Inputs inputs = small_inputs();
-  const int64_t dim = inputs.shape.dim;
+  const int64_t dim = inputs.problem.dim;
   for (std::size_t i = 0; i < inputs.v.size(); ++i)
     inputs.v[i] = 0.25f * static_cast<float>(i % static_cast<std::size_t>(dim)) - 0.5f;
   const std::vector<double> out = fa::reference_attention(inputs);
@@ -61,17 +61,17 @@ TEST_CASE("common: reference gives v when every V row is v") {
 TEST_CASE("common: reference is unchanged when keys are permuted with their values") {
   const fa::Inputs inputs = small_inputs();
   fa::Inputs permuted = inputs;
-  const fa::Shape& shape = inputs.shape;
-  std::vector<int64_t> order(static_cast<std::size_t>(shape.seq));
+  const fa::Problem& shape = inputs.problem;
+  std::vector<int64_t> order(static_cast<std::size_t>(shape.q_seq));
   std::iota(order.begin(), order.end(), int64_t{0});
   std::reverse(order.begin(), order.end());
   std::rotate(order.begin(), order.begin() + 3, order.end());
-  for (int64_t head = 0; head < shape.heads_total(); ++head) {
-    for (int64_t j = 0; j < shape.seq; ++j) {
+  for (int64_t head = 0; head < shape.q_heads_total(); ++head) {
+    for (int64_t j = 0; j < shape.q_seq; ++j) {
       for (int64_t d = 0; d < shape.dim; ++d) {
-        const auto to = static_cast<std::size_t>((head * shape.seq + j) * shape.dim + d);
+        const auto to = static_cast<std::size_t>((head * shape.q_seq + j) * shape.dim + d);
         const auto from =
-            static_cast<std::size_t>((head * shape.seq + order[static_cast<std::size_t>(j)]) * shape.dim + d);
+            static_cast<std::size_t>((head * shape.q_seq + order[static_cast<std::size_t>(j)]) * shape.dim + d);
         permuted.k[to] = inputs.k[from];
         permuted.v[to] = inputs.v[from];
       }
@@ -85,7 +85,7 @@ TEST_CASE("common: reference is unchanged when keys are permuted with their valu
 TEST_CASE("common: reference stays finite and correct with logits of magnitude 1e3") {
   // Q·K/sqrt(D) up to ~1e3: exp would overflow without the max subtraction. With one key
   // far ahead of the others the answer is that key's value row.
-  fa::Inputs inputs = fa::large_logit_inputs(fa::Shape{1, 1, 6, 4}, 5);
+  fa::Inputs inputs = fa::large_logit_inputs(fa::Problem::square(1, 1, 6, 4), 5);
   const std::vector<double> out = fa::reference_attention(inputs);
   const std::vector<double> scores = fa::reference_scores(inputs, 0);
   for (int64_t i = 0; i < 6; ++i) {
@@ -107,7 +107,7 @@ TEST_CASE("common: reference stays finite and correct with logits of magnitude 1
 TEST_CASE("common: reference agrees with the brute-force formula at tiny sizes") {
   // N = 2, D = 1: O = (e^{s0} v0 + e^{s1} v1) / (e^{s0} + e^{s1}), written out by hand.
   fa::Inputs inputs;
-  inputs.shape = fa::Shape{1, 1, 2, 1};
+  inputs.problem = fa::Problem::square(1, 1, 2, 1);
   inputs.q = {0.5f, -1.5f};
   inputs.k = {2.0f, -0.75f};
   inputs.v = {3.0f, -4.0f};
@@ -119,7 +119,7 @@ TEST_CASE("common: reference agrees with the brute-force formula at tiny sizes")
     CHECK(out[static_cast<std::size_t>(i)] == Approx(expected).epsilon(1e-14));
   }
   // N = 1: the only key gets all the weight, whatever the score.
-  fa::Inputs single = fa::random_inputs(fa::Shape{1, 1, 1, 3}, 9);
+  fa::Inputs single = fa::random_inputs(fa::Problem::square(1, 1, 1, 3), 9);
   const std::vector<double> one = fa::reference_attention(single);
   for (std::size_t d = 0; d < 3; ++d) CHECK(one[d] == Approx(single.v[d]).margin(1e-15));
 }
@@ -127,12 +127,12 @@ TEST_CASE("common: reference agrees with the brute-force formula at tiny sizes")
 TEST_CASE("common: reference row subset equals the same rows of the full output") {
   const fa::Inputs inputs = small_inputs(8);
   const std::vector<double> all = fa::reference_attention(inputs);
-  const std::vector<int64_t> rows = fa::rows_to_check(inputs.shape, 7, 1);
+  const std::vector<int64_t> rows = fa::rows_to_check(inputs.problem, 7, 1);
   REQUIRE(rows.size() == 7);
   CHECK(std::find(rows.begin(), rows.end(), 0) != rows.end());
-  CHECK(std::find(rows.begin(), rows.end(), inputs.shape.rows() - 1) != rows.end());
+  CHECK(std::find(rows.begin(), rows.end(), inputs.problem.q_rows() - 1) != rows.end());
   const std::vector<double> some = fa::reference_rows(inputs, rows);
-  const int64_t dim = inputs.shape.dim;
+  const int64_t dim = inputs.problem.dim;
   for (std::size_t r = 0; r < rows.size(); ++r) {
     for (int64_t d = 0; d < dim; ++d) {
       CHECK(some[r * static_cast<std::size_t>(dim) + static_cast<std::size_t>(d)] ==
@@ -164,15 +164,15 @@ TEST_CASE("common: the walkthrough trace is computed and not typed in") {
 
 TEST_CASE("common: every K/V tile of the well-conditioned fixture carries visible weight") {
   const fa::Inputs inputs = fa::well_conditioned_inputs();
-  const fa::Shape& shape = inputs.shape;
-  for (int64_t head = 0; head < shape.heads_total(); ++head) {
+  const fa::Problem& shape = inputs.problem;
+  for (int64_t head = 0; head < shape.q_heads_total(); ++head) {
     const std::vector<double> scores = fa::reference_scores(inputs, head);
-    for (int64_t i = 0; i < shape.seq; ++i) {
+    for (int64_t i = 0; i < shape.q_seq; ++i) {
       const std::vector<double> p =
-          softmax(scores, static_cast<std::size_t>(i * shape.seq), static_cast<std::size_t>(shape.seq));
-      for (int64_t j0 = 0; j0 < shape.seq; j0 += fa::kWalkthroughTile) {
+          softmax(scores, static_cast<std::size_t>(i * shape.q_seq), static_cast<std::size_t>(shape.q_seq));
+      for (int64_t j0 = 0; j0 < shape.q_seq; j0 += fa::kWalkthroughTile) {
         double share = 0.0;
-        for (int64_t j = j0; j < std::min(shape.seq, j0 + fa::kWalkthroughTile); ++j)
+        for (int64_t j = j0; j < std::min(shape.q_seq, j0 + fa::kWalkthroughTile); ++j)
           share += p[static_cast<std::size_t>(j)];
         CHECK(share > 0.1);  // even the one-key partial tile
       }

@@ -16,19 +16,30 @@ ParseResult parse_command_line(const std::string& program, int64_t max_dim, cons
       "Runs one stage of the FlashAttention course on random inputs: checks it against the CPU reference "
       "and times it.",
       program};
-  app.add_option("--batch,-b", run.shape.batch, "batch size B")
+  Problem& problem = run.problem;
+  // Hkv and Nk follow Hq and N unless given (0 here means "not given").
+  int64_t kv_heads = defaults.run.problem.kv_heads == defaults.run.problem.q_heads ? 0 : problem.kv_heads;
+  int64_t kv_seq = defaults.run.problem.kv_seq == defaults.run.problem.q_seq ? 0 : problem.kv_seq;
+  app.add_option("--batch,-b", problem.batch, "batch size B")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, kMaxBatchHeads));
-  app.add_option("--heads,-H", run.shape.heads, "heads H")
+  app.add_option("--heads,-H", problem.q_heads, "query heads Hq (also the key/value heads unless --kv-heads)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, kMaxBatchHeads));
-  app.add_option("--seq,-n", run.shape.seq, "sequence length N")
+  app.add_option("--kv-heads", kv_heads,
+                 "key/value heads Hkv, a divisor of Hq (grouped-query attention; 1: multi-query)")
+      ->check(CLI::Range(int64_t{1}, kMaxBatchHeads));
+  app.add_option("--seq,-n", problem.q_seq, "sequence length N (of the queries, and of the keys unless --seq-k)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, kMaxSeq));
-  app.add_option("--dim,-d", run.shape.dim, "head dim D")
+  app.add_option("--seq-k", kv_seq, "key/value sequence length Nk when it differs from the queries' N")
+      ->check(CLI::Range(int64_t{1}, kMaxSeq));
+  app.add_option("--dim,-d", problem.dim, "head dim D")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, max_dim));
-  app.add_flag("--causal", run.shape.causal, "causal masking: query i attends to keys 0..i");
+  app.add_flag("--causal", problem.causal,
+               "causal masking: query i attends to keys 0..i (with --seq-k: 0..i + Nk - N, aligned bottom-right)");
+  app.add_flag("--lse", run.lse, "also write the per-row log-sum-exp, and check it");
   app.add_option("--seed", run.seed, "seed of the random inputs")->capture_default_str();
   app.add_option("--warmup", run.warmup, "untimed runs before timing")
       ->capture_default_str()
@@ -54,6 +65,14 @@ ParseResult parse_command_line(const std::string& program, int64_t max_dim, cons
   } catch (const CLI::ParseError& error) {
     result.exit_code = kExitBadInput;
     result.message = program + ": " + error.what() + " (see --help)";
+    return result;
+  }
+  problem.kv_heads = kv_heads > 0 ? kv_heads : problem.q_heads;
+  problem.kv_seq = kv_seq > 0 ? kv_seq : problem.q_seq;
+  if (problem.q_heads % problem.kv_heads != 0) {
+    result.exit_code = kExitBadInput;
+    result.message = program + ": --kv-heads " + std::to_string(problem.kv_heads) + " does not divide --heads " +
+                     std::to_string(problem.q_heads) + " (see --help)";
     return result;
   }
   run.time = run.reps > 0;

@@ -45,10 +45,16 @@ std::string stage_unavailable_reason(const StageDescriptor& stage, const DeviceI
   std::ostringstream why;
   if (!device.present) {
     why << "stage " << stage.id << " needs a CUDA GPU: " << device.reason;
-  } else if (device.compute_capability < stage.min_compute_capability) {
-    why << "stage " << stage.id << " needs compute capability " << stage.min_compute_capability / 10 << "."
-        << stage.min_compute_capability % 10 << " or newer; " << device.name << " has "
-        << device.compute_capability / 10 << "." << device.compute_capability % 10;
+  } else {
+    const Architecture& needed = stage.architecture;
+    const bool runs = needed.exact ? device.compute_capability == needed.compute_capability
+                                   : device.compute_capability >= needed.compute_capability;
+    if (!runs) {
+      why << "stage " << stage.id << " needs " << (needed.exact ? "exactly " : "") << "compute capability "
+          << needed.compute_capability / 10 << "." << needed.compute_capability % 10 << (needed.exact ? "" : " or newer")
+          << " (" << architecture_name(stage) << "); " << device.name << " has " << device.compute_capability / 10
+          << "." << device.compute_capability % 10;
+    }
   }
   return why.str();
 }

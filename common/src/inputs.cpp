@@ -47,13 +47,13 @@ float round_one(float value, Precision precision) {
 
 }  // namespace
 
-Inputs random_inputs(const Shape& shape, uint64_t seed) {
+Inputs random_inputs(const Problem& problem, uint64_t seed) {
   SplitMix64 random(seed);
   Inputs inputs;
-  inputs.shape = shape;
-  inputs.q = uniform_values(shape.elements(), random);
-  inputs.k = uniform_values(shape.elements(), random);
-  inputs.v = uniform_values(shape.elements(), random);
+  inputs.problem = problem;
+  inputs.q = uniform_values(problem.q_elements(), random);
+  inputs.k = uniform_values(problem.kv_elements(), random);
+  inputs.v = uniform_values(problem.kv_elements(), random);
   return inputs;
 }
 
@@ -101,7 +101,7 @@ std::vector<float> decode(const std::vector<unsigned char>& bytes, Precision pre
 
 Inputs walkthrough_inputs() {
   Inputs inputs;
-  inputs.shape = Shape{1, 1, 4, 2};
+  inputs.problem = Problem::square(1, 1, 4, 2);
   inputs.q = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f};
   inputs.k = {0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f, 6.5f, 7.5f};
   inputs.v = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f};
@@ -113,22 +113,22 @@ Inputs well_conditioned_inputs() {
   // ±0.2, so every key gets between 1/9 and 1/5 of each row's weight, and each tile's
   // values differ, so dropping or repeating any tile moves every output visibly.
   Inputs inputs;
-  inputs.shape = Shape{1, 2, 7, 3};
-  const int64_t count = inputs.shape.elements();
+  inputs.problem = Problem::square(1, 2, 7, 3);
+  const int64_t count = inputs.problem.q_elements();
   for (int64_t index = 0; index < count; ++index) {
     const double x = static_cast<double>(index);
     inputs.q.push_back(static_cast<float>(0.25 * std::sin(1.0 + x)));
     inputs.k.push_back(static_cast<float>(0.25 * std::cos(2.0 + 0.7 * x)));
-    const int64_t key = (index / inputs.shape.dim) % inputs.shape.seq;
+    const int64_t key = (index / inputs.problem.dim) % inputs.problem.kv_seq;
     inputs.v.push_back(static_cast<float>(0.1 * static_cast<double>(key + 1) + 0.05 * static_cast<double>(index % 3)));
   }
   return inputs;
 }
 
-Inputs large_logit_inputs(const Shape& shape, uint64_t seed) {
+Inputs large_logit_inputs(const Problem& problem, uint64_t seed) {
   // Q in [-1000, 1000), K in [-1, 1): scores of a few hundred to ~1e3, whose exp overflows
   // FP32 (limit ~88) unless the row max is subtracted first.
-  Inputs inputs = random_inputs(shape, seed);
+  Inputs inputs = random_inputs(problem, seed);
   for (float& value : inputs.q) value *= 1000.0f;
   return inputs;
 }

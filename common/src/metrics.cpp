@@ -38,6 +38,33 @@ ErrorReport compare(const std::vector<float>& actual, const std::vector<double>&
   return report;
 }
 
+ErrorReport compare_lse(const std::vector<float>& actual, const std::vector<double>& expected, double tolerance) {
+  // Rows that see no key compare as 0 against 0 when both are -inf, and as non-finite otherwise.
+  std::vector<float> finite_actual(actual);
+  std::vector<double> finite_expected(expected);
+  int64_t mismatched_empty_rows = 0;
+  int64_t first_mismatch = -1;
+  for (std::size_t i = 0; i < finite_actual.size() && i < finite_expected.size(); ++i) {
+    const bool expected_empty = std::isinf(finite_expected[i]) && finite_expected[i] < 0.0;
+    const bool actual_empty = std::isinf(finite_actual[i]) && finite_actual[i] < 0.0f;
+    if (expected_empty || actual_empty) {
+      if (expected_empty != actual_empty && mismatched_empty_rows++ == 0) first_mismatch = static_cast<int64_t>(i);
+      finite_actual[i] = 0.0f;
+      finite_expected[i] = 0.0;
+    }
+  }
+  ErrorReport report = compare(finite_actual, finite_expected, tolerance);
+  if (mismatched_empty_rows > 0) {
+    if (report.non_finite == 0) report.first_non_finite = first_mismatch;
+    report.non_finite += mismatched_empty_rows;
+    report.max_abs_err = INFINITY;
+    report.rel_l2_err = INFINITY;
+  }
+  return report;
+}
+
+double lse_tolerance(double logit_bound) { return 1e-4 + 8.0 * std::ldexp(1.0, -24) * logit_bound; }
+
 std::string ErrorReport::summary() const {
   std::ostringstream text;
   if (non_finite > 0) {

@@ -36,20 +36,24 @@ std::string field(const std::string& text) {
 
 const std::vector<std::string>& csv_header() {
   static const std::vector<std::string> header = {
-      "stage",  "gpu",    "B",    "H",          "N",           "D",          "dtype",  "causal",      "ms_median",
-      "ms_min", "tflops", "gbps", "peak_bytes", "max_abs_err", "rel_l2_err", "status", "source_hash", "note"};
+      "stage",      "gpu",         "B",          "Hq",     "Hkv",         "Nq",  "Nk",
+      "D",          "dtype",       "causal",     "pass",   "ms_median",   "ms_min", "tflops",
+      "gbps",       "peak_bytes",  "max_abs_err", "rel_l2_err", "status", "source_hash", "note"};
   return header;
 }
 
 std::string csv_line(const ResultRow& row) {
   const std::vector<std::string> fields = {field(row.stage),
                                            field(row.gpu),
-                                           std::to_string(row.shape.batch),
-                                           std::to_string(row.shape.heads),
-                                           std::to_string(row.shape.seq),
-                                           std::to_string(row.shape.dim),
+                                           std::to_string(row.problem.batch),
+                                           std::to_string(row.problem.q_heads),
+                                           std::to_string(row.problem.kv_heads),
+                                           std::to_string(row.problem.q_seq),
+                                           std::to_string(row.problem.kv_seq),
+                                           std::to_string(row.problem.dim),
                                            row.dtype,
-                                           row.shape.causal ? "1" : "0",
+                                           row.problem.causal ? "1" : "0",
+                                           row.pass,
                                            number(row.ms_median, 6),
                                            number(row.ms_min, 6),
                                            number(row.tflops, 6),

@@ -48,18 +48,18 @@ bool print_trace(std::ostream& out, const TileTrace& want, const TileTrace& actu
 int run_walkthrough(const StageDescriptor& stage, std::ostream& out) {
   Inputs inputs = walkthrough_inputs();
   round_to_precision(inputs, stage.precision);
-  const Shape& shape = inputs.shape;
+  const Problem& problem = inputs.problem;  // square: N = 4 queries and keys
   out << std::setprecision(8);
   out << stage.id << ": the N=4, D=2 walkthrough (tile " << kWalkthroughTile << "), exact values in double\n";
   if (stage.precision != Precision::fp32) {
     out << "(inputs rounded to " << precision_name(stage.precision) << " first, as the stage sees them)\n";
   }
 
-  out << "\nS = Q K^T / sqrt(" << shape.dim << "), exact:\n";
+  out << "\nS = Q K^T / sqrt(" << problem.dim << "), exact:\n";
   const std::vector<double> scores = reference_scores(inputs, 0);
-  for (int64_t i = 0; i < shape.seq; ++i) {
+  for (int64_t i = 0; i < problem.q_seq; ++i) {
     out << "  ";
-    print_vector(out, &scores[static_cast<std::size_t>(i * shape.seq)], shape.seq);
+    print_vector(out, &scores[static_cast<std::size_t>(i * problem.q_seq)], problem.q_seq);
     out << "\n";
   }
 
@@ -67,14 +67,14 @@ int run_walkthrough(const StageDescriptor& stage, std::ostream& out) {
   bool agree = true;
   if (stage.trace != nullptr) {
     TileTrace actual;
-    const cudaError_t status =
-        stage.trace(shape, inputs.q.data(), inputs.k.data(), inputs.v.data(), kWalkthroughTile, actual);
-    if (status != cudaSuccess) {
-      out << "the stage's trace failed: " << cudaGetErrorString(status) << "\n";
+    const Status status =
+        stage.trace(problem, inputs.q.data(), inputs.k.data(), inputs.v.data(), kWalkthroughTile, actual);
+    if (!status.ok()) {
+      out << "the stage's trace failed: " << status.reason() << "\n";
       return kExitError;
     }
     out << "\nOnline softmax state, the stage beside the exact values (O divided by l):";
-    agree = print_trace(out, exact, actual, shape.seq, stage.precision == Precision::fp32 ? 1e-5 : 1e-2);
+    agree = print_trace(out, exact, actual, problem.q_seq, stage.precision == Precision::fp32 ? 1e-5 : 1e-2);
   } else {
     out << "\nExact online-softmax state after each K/V tile (this stage does not report its own):\n";
     const TileTrace& want = exact;
@@ -89,7 +89,7 @@ int run_walkthrough(const StageDescriptor& stage, std::ostream& out) {
   }
 
   RunOptions options;
-  options.shape = shape;
+  options.problem = problem;
   options.time = false;
   RunOutcome outcome = run_stage_on(stage, inputs, options, true);
   if (outcome.row.status != "ok" && !outcome.checked) {
@@ -98,12 +98,12 @@ int run_walkthrough(const StageDescriptor& stage, std::ostream& out) {
   }
   out << "\nFinal O, the stage beside the exact values:\n";
   const TileTrace& last = exact;
-  for (int64_t r = 0; r < shape.rows(); ++r) {
-    std::vector<double> stage_row(outcome.output.begin() + r * shape.dim, outcome.output.begin() + (r + 1) * shape.dim);
+  for (int64_t r = 0; r < problem.q_rows(); ++r) {
+    std::vector<double> stage_row(outcome.output.begin() + r * problem.dim, outcome.output.begin() + (r + 1) * problem.dim);
     out << "  row " << r << "  ";
-    print_vector(out, stage_row.data(), shape.dim);
+    print_vector(out, stage_row.data(), problem.dim);
     out << "  exact ";
-    print_vector(out, &last.o[static_cast<std::size_t>(((last.tiles - 1) * last.rows + r) * last.dim)], shape.dim);
+    print_vector(out, &last.o[static_cast<std::size_t>(((last.tiles - 1) * last.rows + r) * last.dim)], problem.dim);
     out << "\n";
   }
   agree = agree && outcome.errors.passed();

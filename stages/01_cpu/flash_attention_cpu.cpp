@@ -8,7 +8,8 @@
 //   acc the sum of exp(s - m) · v over the keys seen so far.
 // When a tile raises the max from m to m', everything accumulated so far was scaled by
 // exp(-m) and must be scaled by exp(-m') instead: multiply l and acc by exp(m - m').
-// After the last tile, O = acc / l is exactly softmax(S) V: no approximation anywhere.
+// After the last tile, O = acc / l is exactly softmax(S) V: no approximation anywhere, and
+// m + log(l) is the row's log-sum-exp, which the backward pass (stage 11) rebuilds P from.
 #include "flash_attention_cpu.hpp"
 
 #include <algorithm>
@@ -37,28 +38,34 @@ void record(TileTrace& trace, const TileState& state, int64_t tile_index, int64_
     trace.m_at(tile_index, first_row + r) = state.m[row];
     trace.l_at(tile_index, first_row + r) = state.l[row];
     for (int64_t d = 0; d < dim; ++d) {
-      trace.o_at(tile_index, first_row + r, d) = state.acc[row * static_cast<std::size_t>(dim) + d] / state.l[row];
+      const float acc = state.acc[row * static_cast<std::size_t>(dim) + d];
+      trace.o_at(tile_index, first_row + r, d) = state.l[row] > 0.0f ? acc / state.l[row] : 0.0f;
     }
   }
 }
 
-// One query tile (rows [i0, i0 + rows) of one head) against every K/V tile.
-void query_tile_attention(const Shape& shape, const float* q, const float* k, const float* v, float* o, int64_t i0,
-                          int64_t rows, int64_t key_tile, TileTrace* trace, int64_t trace_row) {
-  const int64_t dim = shape.dim;
-  const float scale = softmax_scale(shape);
+// One query tile (rows [i0, i0 + rows) of one query head) against every K/V tile of the
+// key/value head it reads.
+void query_tile_attention(const Problem& problem, const float* q, const float* k, const float* v, float* o,
+                          float* lse, int64_t i0, int64_t rows, int64_t key_tile, TileTrace* trace,
+                          int64_t trace_row) {
+  const int64_t dim = problem.dim;
+  const float scale = softmax_scale(problem);
   TileState state(rows, dim);
   std::vector<float> scores(static_cast<std::size_t>(key_tile));
 
-  // With causal masking query i sees keys 0..i only, so K/V tiles that start after the query
-  // tile's last row are skipped outright: about half the work.
-  const int64_t key_end = shape.causal ? std::min(shape.seq, i0 + rows) : shape.seq;
+  // With causal masking query i sees keys 0..i only (0..i + Nk - Nq when Nq != Nk: causal.hpp),
+  // so K/V tiles past the keys of the query tile's last row are skipped outright: about half the
+  // work.
+  const auto key_end_of = [&](int64_t row) {
+    return visible_key_end(row, problem.q_seq, problem.kv_seq, problem.causal);
+  };
+  const int64_t key_end = key_end_of(i0 + rows - 1);
   int64_t tile_index = 0;
   for (int64_t j0 = 0; j0 < key_end; j0 += key_tile, ++tile_index) {
     for (int64_t r = 0; r < rows; ++r) {
       // The last tile may be partial; on the diagonal a causal row sees only the keys up to itself.
-      const int64_t tile_keys = std::min(key_tile, shape.seq - j0);
-      const int64_t keys = shape.causal ? std::min(tile_keys, i0 + r - j0 + 1) : tile_keys;
+      const int64_t keys = std::min(key_tile, key_end_of(i0 + r) - j0);
       if (keys <= 0) continue;  // this row's keys all lie in earlier tiles
       const float* query = q + (i0 + r) * dim;
       float* acc = &state.acc[static_cast<std::size_t>(r * dim)];
@@ -95,38 +102,47 @@ void query_tile_attention(const Shape& shape, const float* q, const float* k, co
   for (; trace != nullptr && tile_index < trace->tiles; ++tile_index)
     record(*trace, state, tile_index, trace_row, rows, dim);
 
-  // Normalize once at the end: O = acc / l.
+  // Normalize once at the end: O = acc / l. A row that saw no key (Nq > Nk, causal) has l = 0:
+  // its output is zero and its log-sum-exp -inf.
   for (int64_t r = 0; r < rows; ++r) {
+    const float l = state.l[static_cast<std::size_t>(r)];
     for (int64_t d = 0; d < dim; ++d) {
-      o[(i0 + r) * dim + d] = state.acc[static_cast<std::size_t>(r * dim + d)] / state.l[static_cast<std::size_t>(r)];
+      o[(i0 + r) * dim + d] = l > 0.0f ? state.acc[static_cast<std::size_t>(r * dim + d)] / l : 0.0f;
+    }
+    if (lse != nullptr) {
+      lse[i0 + r] = l > 0.0f ? state.m[static_cast<std::size_t>(r)] + std::log(l) : -std::numeric_limits<float>::infinity();
     }
   }
 }
 
 }  // namespace
 
-void flash_attention(const Shape& shape, const float* q, const float* k, const float* v, float* o, int64_t query_tile,
-                     int64_t key_tile, TileTrace* trace) {
-  const int64_t query_tiles = (shape.seq + query_tile - 1) / query_tile;
+void flash_attention(const Problem& problem, const float* q, const float* k, const float* v, float* o, float* lse,
+                     int64_t query_tile, int64_t key_tile, TileTrace* trace) {
+  const int64_t q_seq = problem.q_seq;
+  const int64_t query_tiles = (q_seq + query_tile - 1) / query_tile;
   if (trace != nullptr) {
     trace->tile = key_tile;
-    trace->tiles = (shape.seq + key_tile - 1) / key_tile;
-    trace->rows = shape.rows();
-    trace->dim = shape.dim;
+    trace->tiles = (problem.kv_seq + key_tile - 1) / key_tile;
+    trace->rows = problem.q_rows();
+    trace->dim = problem.dim;
     trace->m.assign(static_cast<std::size_t>(trace->tiles * trace->rows), 0.0);
     trace->l.assign(trace->m.size(), 0.0);
-    trace->o.assign(trace->m.size() * static_cast<std::size_t>(shape.dim), 0.0);
+    trace->o.assign(trace->m.size() * static_cast<std::size_t>(problem.dim), 0.0);
   }
-  // Every (head, query tile) pair is independent: the outer loops are the parallel ones, as
-  // they will be the thread blocks of the GPU stages.
-  const int64_t work = shape.heads_total() * query_tiles;
+  // Every (query head, query tile) pair is independent: the outer loops are the parallel ones,
+  // as they will be the thread blocks of the GPU stages. The query heads of one group read the
+  // same key/value head: K and V are never copied per query head.
+  const int64_t work = problem.q_heads_total() * query_tiles;
 #pragma omp parallel for schedule(dynamic)
   for (int64_t item = 0; item < work; ++item) {
     const int64_t head = item / query_tiles;
     const int64_t i0 = (item % query_tiles) * query_tile;
-    const int64_t offset = head * shape.seq * shape.dim;
-    query_tile_attention(shape, q + offset, k + offset, v + offset, o + offset, i0,
-                         std::min(query_tile, shape.seq - i0), key_tile, trace, head * shape.seq + i0);
+    const int64_t q_offset = head * q_seq * problem.dim;
+    const int64_t kv_offset = problem.kv_head_of(head) * problem.kv_seq * problem.dim;
+    query_tile_attention(problem, q + q_offset, k + kv_offset, v + kv_offset, o + q_offset,
+                         lse != nullptr ? lse + head * q_seq : nullptr, i0, std::min(query_tile, q_seq - i0),
+                         key_tile, trace, head * q_seq + i0);
   }
 }
 
@@ -139,18 +155,17 @@ constexpr int64_t kQueryTile = 64;
 constexpr int64_t kKeyTile = 64;
 constexpr int64_t kMaxDim = 256;
 
-cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void*, cudaStream_t) {
-  if (!validate_shape(shape, kMaxDim).empty()) return cudaErrorInvalidValue;
-  cpu::flash_attention(shape, static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
-                       static_cast<float*>(o), kQueryTile, kKeyTile);
-  return cudaSuccess;
+Status forward(const ForwardArgs& args) {
+  cpu::flash_attention(args.problem, static_cast<const float*>(args.q), static_cast<const float*>(args.k),
+                       static_cast<const float*>(args.v), static_cast<float*>(args.o), args.lse, kQueryTile, kKeyTile);
+  return Status();
 }
 
-cudaError_t trace(const Shape& shape, const float* q, const float* k, const float* v, int64_t tile, TileTrace& out) {
-  if (!validate_shape(shape, kMaxDim).empty() || tile < 1) return cudaErrorInvalidValue;
-  std::vector<float> o(static_cast<std::size_t>(shape.elements()));
-  cpu::flash_attention(shape, q, k, v, o.data(), tile, tile, &out);
-  return cudaSuccess;
+Status trace(const Problem& problem, const float* q, const float* k, const float* v, int64_t tile, TileTrace& out) {
+  if (tile < 1) return Status::unsupported("a trace needs tiles of at least one key");
+  std::vector<float> o(static_cast<std::size_t>(problem.q_elements()));
+  cpu::flash_attention(problem, q, k, v, o.data(), nullptr, tile, tile, &out);
+  return Status();
 }
 
 }  // namespace
@@ -164,7 +179,7 @@ StageDescriptor cpu_tiled() {
   stage.forward = &forward;
   stage.max_dim = kMaxDim;
   stage.trace = &trace;
-  stage.supports_causal = true;
+  stage.features = {/*causal=*/true, /*grouped=*/true, /*rectangular=*/true, /*lse=*/true, /*backward=*/false};
   stage.source_hash = FA_SOURCE_HASH;
   return stage;
 }

@@ -45,7 +45,7 @@ class DeviceBuffer {
   template <typename T>
   static DeviceBuffer from(const std::vector<T>& host) {
     DeviceBuffer buffer(host.size() * sizeof(T));
-    buffer.upload(host.data(), buffer.bytes());
+    if (!host.empty()) buffer.upload(host.data(), buffer.bytes());
     return buffer;
   }
   template <typename T>

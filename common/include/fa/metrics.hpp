@@ -24,6 +24,15 @@ struct ErrorReport {
 // `actual` and `expected` hold the same elements in the same order.
 ErrorReport compare(const std::vector<float>& actual, const std::vector<double>& expected, double tolerance);
 
+// The log-sum-exp of each row against the reference's: a row whose reference is -inf (it sees no
+// key) must be -inf exactly; every other row must be finite and within `tolerance`.
+ErrorReport compare_lse(const std::vector<float>& actual, const std::vector<double>& expected, double tolerance);
+
+// The largest LSE error a correct stage may show: FP32 sums of the exponentials and the fast
+// exponential move log(l) by far less than 1e-4; the scores' own FP32 rounding (see below) moves
+// LSE by at most 8·u32·logit_bound.
+double lse_tolerance(double logit_bound);
+
 // The largest error a correct stage of `precision` may show when max|V| is `max_abs_v` and the
 // scores are bounded by `logit_bound` (see logit_bound()).
 // FP32: accumulation-order rounding, far below 1e-4. FP16/BF16: P is rounded to the 16-bit

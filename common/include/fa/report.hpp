@@ -13,8 +13,9 @@ namespace fa {
 struct ResultRow {
   std::string stage;
   std::string gpu;
-  Shape shape;
+  Problem problem;
   std::string dtype;
+  std::string pass = "fwd";  // fwd | bwd | fwd+bwd
   double ms_median = 0.0;
   double ms_min = 0.0;
   double tflops = 0.0;
@@ -28,6 +29,7 @@ struct ResultRow {
   double speedup = 0.0;  // over the previous row in a progression table; 0 if none
 };
 
+// The columns of design.md's results CSV (python/fa_course/schema.py holds the same list).
 const std::vector<std::string>& csv_header();
 std::string csv_line(const ResultRow& row);
 // Appends rows to `path`, writing the header first when the file is new or empty.
