@@ -6,14 +6,17 @@
 # runs the first, and the course and the C ABI see them all. It builds:
 #   fa_stage_<ID>   a library with the stage (linked by tests, the course and the C ABI)
 #   <ID>            the stage's executable (bin/<ID>), the shared command line of common/
-# and generates <fa_source_hash.h> with FA_SOURCE_HASH, the hash of design.md's results CSV,
-# recomputed at every build so a binary always reports the code it was built from.
+# and generates <fa_source_hash.h> with FA_SOURCE_HASH, the source_hash of design.md's results CSV
+# (scripts/source_hash.py: stages/<ID> and common/, comments and whitespace ignored), recomputed at
+# every build so a binary always reports the code it was built from.
 #
 # With FA_EXERCISE naming the stage (04, 04_online_softmax, or "all"), the stage is built from
 # the student copy in exercises/<ID>/ (made by scripts/make_exercise) instead of the solution.
 set(FA_EXERCISE "" CACHE STRING "Stages built from the student copy in exercises/ (e.g. 04 or 04_online_softmax; all)")
 set(FA_EXERCISE_DIR ${PROJECT_SOURCE_DIR}/exercises CACHE PATH "Where the student copies live")
-set(FA_SOURCE_HASH_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/SourceHash.cmake)
+# The one source_hash script, shared with the GPU suite and the data tools (Python 3, stdlib only).
+find_package(Python3 COMPONENTS Interpreter REQUIRED)
+set(FA_SOURCE_HASH_SCRIPT ${PROJECT_SOURCE_DIR}/scripts/source_hash.py)
 set(FA_STAGE_MAIN_TEMPLATE ${CMAKE_CURRENT_LIST_DIR}/stage_main.cpp.in)
 
 function(fa_add_stage)
@@ -22,8 +25,8 @@ function(fa_add_stage)
   set(generated ${CMAKE_BINARY_DIR}/generated/${ARG_ID})
 
   add_custom_target(${library}_hash
-    COMMAND ${CMAKE_COMMAND} -DROOT=${PROJECT_SOURCE_DIR} -DSTAGE=${ARG_ID} -DOUTPUT=${generated}/fa_source_hash.h
-            -P ${FA_SOURCE_HASH_SCRIPT}
+    COMMAND ${Python3_EXECUTABLE} ${FA_SOURCE_HASH_SCRIPT} --root ${PROJECT_SOURCE_DIR}
+            --header ${generated}/fa_source_hash.h --stage ${ARG_ID}
     BYPRODUCTS ${generated}/fa_source_hash.h
     COMMENT "Source hash of ${ARG_ID}")
 

@@ -1,30 +1,38 @@
-"""What every notebook needs: find the data folder, read its CSVs (design.md's schemas), tell
-current rows from stale ones, and save figures that are never empty.
+"""What every notebook needs: find the data folder, read it through python/fa_course/data.py (one
+file per kind; a duplicate key or a second file of a kind raises), tell current rows from stale
+ones, and save figures that are never empty.
 
-The data folder is plots/data/<gpu>/ (one per GPU). It holds results CSVs (any name; recognized
-by the results header), ceilings.csv, traffic.csv and env.txt. Rows are keyed by (stage, gpu, B,
-H, N, D, dtype, causal); where a key appears more than once the row read last wins, reading the
-files in name order and each file top to bottom (so a later run of the same file wins).
+The data folder is plots/data/<gpu>/ (one per GPU), design.md's "one coherent data set per GPU":
+results.csv (the stage executables' benchmark), memory.csv (the memory sweep), torch.csv (our stages
+and PyTorch's SDPA backends on the same tensors), ceilings.csv, traffic.csv, env.txt. Rows have the
+general-shape columns (B, Hq, Hkv, Nq, Nk, D, ..., pass); files of the square era (B, H, N, D) are
+converted on read. Within a kind a key is unique (fa_course.data.check); a notebook that reads
+several kinds names their order, and where a key is in more than one, the first kind's row is used
+and the notebook says how many.
 """
 
 import glob
-import hashlib
 import os
+import sys
 
 import pandas as pd
 
-RESULTS_COLUMNS = ["stage", "gpu", "B", "H", "N", "D", "dtype", "causal", "ms_median", "ms_min", "tflops", "gbps",
-                   "peak_bytes", "max_abs_err", "rel_l2_err", "status", "source_hash", "note"]
-CEILINGS_COLUMNS = ["gpu", "metric", "value", "unit"]
-TRAFFIC_COLUMNS = ["stage", "gpu", "B", "H", "N", "D", "dtype", "dram_read_bytes", "dram_write_bytes", "l2_bytes",
-                   "predicted_bytes"]
-KEY = ["stage", "gpu", "B", "H", "N", "D", "dtype", "causal"]
-PEERS = ["torch_flash", "torch_efficient", "torch_cudnn", "torch_math"]
-# The ceiling a row of each precision is measured against (scripts/ceilings.py).
-CEILING_OF_DTYPE = {"fp32": "fp32_sgemm_tf32_off", "fp16": "fp16_tensor_matmul", "bf16": "bf16_tensor_matmul"}
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+# The course's Python package, from this checkout (no pip install needed).
+if os.path.join(REPO, "python") not in sys.path:
+    sys.path.insert(0, os.path.join(REPO, "python"))
+
+from fa_course import data as fa_dataset  # noqa: E402
+from fa_course import schema  # noqa: E402
+
+DataError = fa_dataset.DataError
+PEERS = schema.PEERS
+KEY = schema.RESULTS_KEY
+# The ceiling a row of each precision is measured against (scripts/ceilings.py).
+CEILING_OF_DTYPE = {"fp32": "fp32_sgemm_tf32_off", "fp16": "fp16_tensor_matmul", "bf16": "bf16_tensor_matmul"}
+NUMERIC = ["B", "Hq", "Hkv", "Nq", "Nk", "D", "causal", "ms_median", "ms_min", "tflops", "gbps", "peak_bytes",
+           "max_abs_err", "rel_l2_err", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "predicted_bytes", "value"]
 
 
 def find_data_dir(data_dir=None):
@@ -50,71 +58,99 @@ def plots_dir(plots=None):
     return folder
 
 
-def _header(path):
-    with open(path, newline="") as handle:
-        return [name.strip() for name in handle.readline().strip().split(",")]
+_LOADED = {}
 
 
-def _csv_files(data_dir, columns):
+def load(data_dir):
+    """{kind: rows} of the data folder, checked (raises fa_course.data.DataError on a duplicate key,
+    a second file of a kind, an unknown CSV). Read once per folder."""
     if data_dir is None:
-        return []
-    return [p for p in sorted(glob.glob(os.path.join(data_dir, "*.csv"))) if _header(p) == columns]
+        return {kind: [] for kind in fa_dataset.KINDS}
+    if data_dir not in _LOADED:
+        _LOADED[data_dir] = fa_dataset.load(data_dir)
+    return _LOADED[data_dir]
 
 
-def unknown_csvs(data_dir):
-    """CSV files in the folder that match no schema: said out loud, never silently dropped."""
-    if data_dir is None:
-        return []
-    known = (RESULTS_COLUMNS, CEILINGS_COLUMNS, TRAFFIC_COLUMNS)
-    return [p for p in sorted(glob.glob(os.path.join(data_dir, "*.csv"))) if _header(p) not in known]
+def _frame(rows, kind):
+    frame = pd.DataFrame(rows, columns=fa_dataset.KINDS[kind].columns)
+    for column in NUMERIC:
+        if column in frame:
+            frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    for column in ("source_hash", "note"):
+        if column in frame:
+            frame[column] = frame[column].fillna("")
+    frame["file"] = fa_dataset.KINDS[kind].file
+    return frame
 
 
-def load_results(data_dir, exclude=()):
-    """Every results row of the folder, latest per key; `exclude` drops files whose name starts
-    with one of the prefixes (the timing notebooks leave out memory*.csv: single-run timings)."""
-    for path in unknown_csvs(data_dir):
-        print(f"ignoring {os.path.basename(path)}: its header matches none of design.md's schemas")
-    files = [p for p in _csv_files(data_dir, RESULTS_COLUMNS)
-             if not os.path.basename(p).startswith(tuple(exclude))]
-    frames = []
-    for path in files:
-        frame = pd.read_csv(path, skipinitialspace=True, dtype={"source_hash": str, "note": str})
-        frame["file"] = os.path.basename(path)
-        frames.append(frame)
-    if not frames or sum(len(f) for f in frames) == 0:
+def flops(frame):
+    """design.md's FLOP count of every row (schema.attention_flops)."""
+    return [schema.attention_flops(b, hq, nq, nk, d, bool(c), p)
+            for b, hq, nq, nk, d, c, p in zip(frame.B, frame.Hq, frame.Nq, frame.Nk, frame.D, frame.causal,
+                                              frame["pass"])]
+
+
+def load_results(data_dir, kinds=("torch", "results")):
+    """The results rows of `kinds` (of results, memory, torch) as one frame with a `flops` column
+    and `file` naming the kind's file. A key in several kinds is taken from the first kind listed,
+    said out loud. None when there are no rows."""
+    data = load(data_dir)
+    frames = [_frame(data[kind], kind) for kind in kinds if data[kind]]
+    if not frames:
         return None
     results = pd.concat(frames, ignore_index=True)
-    for column in ["B", "H", "N", "D", "causal", "ms_median", "ms_min", "tflops", "gbps", "peak_bytes",
-                   "max_abs_err", "rel_l2_err"]:
-        results[column] = pd.to_numeric(results[column], errors="coerce")
-    results["source_hash"] = results["source_hash"].fillna("")
-    results["note"] = results["note"].fillna("")
-    results = results.drop_duplicates(subset=KEY, keep="last").reset_index(drop=True)
-    results["flops"] = 4.0 * results.B * results.H * results.N**2 * results.D
-    results.loc[results.causal == 1, "flops"] /= 2
+    taken = results.duplicated(subset=KEY, keep="first")
+    if taken.any():
+        dropped = results[taken].file.value_counts()
+        print(f"{int(taken.sum())} keys measured in more than one of {', '.join(k + '.csv' for k in kinds)}: "
+              f"using the first one's rows (left out: " +
+              ", ".join(f"{n} of {f}" for f, n in dropped.items()) + ")")
+        results = results[~taken]
+    results = results.reset_index(drop=True)
+    results["flops"] = flops(results)
     return results
+
+
+SHAPE = ["B", "Hq", "Hkv", "Nq", "Nk", "D", "causal", "pass"]
+
+
+def at_shape(frame, columns, values):
+    """The rows of `frame` whose `columns` equal `values` (a tuple from a groupby over them)."""
+    mask = pd.Series(True, index=frame.index)
+    for column, value in zip(columns, values):
+        mask &= frame[column] == value
+    return frame[mask]
+
+
+def shape_label(b, hq, hkv, nq, nk, d, causal=0, pass_="fwd"):
+    """B=4 H=16 N=4096 D=128 for a square problem; Hq/Hkv and Nq/Nk spelled out where they differ."""
+    heads = f"H={hq}" if hq == hkv else f"Hq={hq} Hkv={hkv}"
+    seq = f"N={nq}" if nq == nk else f"Nq={nq} Nk={nk}"
+    extra = (" causal" if causal else "") + ("" if pass_ == "fwd" else f" {pass_}")
+    return f"B={b} {heads} {seq} D={d}{extra}"
+
+
+def square(frame):
+    """The forward rows of square problems (Hq = Hkv, Nq = Nk): the shapes of the course's first
+    part, which the progression, memory and roofline figures draw."""
+    if frame is None:
+        return None
+    return frame[(frame.Hq == frame.Hkv) & (frame.Nq == frame.Nk) & (frame["pass"] == "fwd")]
 
 
 def load_ceilings(data_dir):
     """{metric: value} of ceilings.csv ({} when there is none)."""
-    files = _csv_files(data_dir, CEILINGS_COLUMNS)
-    if not files:
-        return {}
-    frame = pd.concat([pd.read_csv(p, skipinitialspace=True) for p in files])
-    return dict(zip(frame.metric, pd.to_numeric(frame.value)))
+    rows = load(data_dir)["ceilings"]
+    return {r["metric"]: float(r["value"]) for r in rows}
 
 
 def load_traffic(data_dir):
-    files = _csv_files(data_dir, TRAFFIC_COLUMNS)
-    if not files:
-        return None
-    traffic = pd.concat([pd.read_csv(p, skipinitialspace=True) for p in files], ignore_index=True)
-    traffic = traffic.drop_duplicates(subset=["stage", "gpu", "B", "H", "N", "D", "dtype"], keep="last")
-    return traffic.reset_index(drop=True) if len(traffic) else None
+    rows = load(data_dir)["traffic"]
+    return _frame(rows, "traffic") if rows else None
 
 
 def read_env(data_dir):
-    path = os.path.join(data_dir, "env.txt") if data_dir else None
+    path = os.path.join(data_dir, fa_dataset.ENV_FILE) if data_dir else None
     if path and os.path.exists(path):
         with open(path) as handle:
             return handle.read().strip()
@@ -122,39 +158,26 @@ def read_env(data_dir):
 
 
 def source_hash(stage, root=REPO):
-    """design.md's source_hash of a stage in this working tree, equal to
-    find stages/<stage> common -type f \\( -name '*.cu' ... -o -name CMakeLists.txt \\)
-      | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16"""
-    suffixes = (".cu", ".cuh", ".cpp", ".hpp", ".h")
-    paths = []
-    for folder in (os.path.join("stages", stage), "common"):
-        for directory, _, names in os.walk(os.path.join(root, folder)):
-            for name in names:
-                full = os.path.join(directory, name)
-                if (name.endswith(suffixes) or name == "CMakeLists.txt") and os.path.isfile(full) \
-                        and not os.path.islink(full):
-                    paths.append(os.path.relpath(full, root))
-    listing = ""
-    for path in sorted(paths, key=lambda p: p.encode()):
-        with open(os.path.join(root, path), "rb") as handle:
-            listing += f"{hashlib.sha256(handle.read()).hexdigest()}  {path}\n"
-    return hashlib.sha256(listing.encode()).hexdigest()[:16]
+    """design.md's source_hash of a stage folder in this working tree (scripts/source_hash.py)."""
+    return fa_dataset.current_hashes([stage], root).get(stage, "")
 
 
 def currency(results):
     """Per stage: the hashes in the data and whether they match this working tree's code."""
+    stages = sorted(s for s in results.stage.unique() if s not in PEERS)
+    here = fa_dataset.current_hashes({fa_dataset.stage_folder(s) for s in stages})
     rows = []
-    for stage in sorted(s for s in results.stage.unique() if s not in PEERS):
-        here = source_hash(stage) if os.path.isdir(os.path.join(REPO, "stages", stage)) else ""
+    for stage in stages:
+        now = here.get(fa_dataset.stage_folder(stage), "")
         hashes = sorted(h for h in results.loc[results.stage == stage, "source_hash"].unique() if h)
-        state = "no stage folder here" if not here else ("current" if hashes == [here] else
-                                                         "mixed" if here in hashes else "stale")
-        rows.append({"stage": stage, "hash in data": ", ".join(hashes), "hash of this tree": here, "rows": state})
+        state = "no stage folder here" if not now else ("current" if hashes == [now] else
+                                                        "mixed" if now in hashes else "stale")
+        rows.append({"stage": stage, "hash in data": ", ".join(hashes), "hash of this tree": now, "rows": state})
     return pd.DataFrame(rows)
 
 
 PEER_COLORS = {"torch_flash": "#d62728", "torch_efficient": "#ff7f0e", "torch_cudnn": "#e377c2",
-               "torch_math": "#8c564b"}
+               "torch_math": "#8c564b", "torch_default": "#7f7f7f"}
 
 
 def colors_for(names):

@@ -20,15 +20,21 @@ warm-up runs, then the median of timed runs (CUDA events). Writes ceilings.csv
 """
 
 import argparse
-import csv
 import os
 import statistics
 import subprocess
 import sys
 
-import torch_gpu
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+
+from fa_course import results, torch_gpu  # noqa: E402
 
 PROGRAM = "ceilings"
+
+
+def die(message):
+    print(f"{PROGRAM}: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def median_ms(torch, run, warmup, reps):
@@ -57,9 +63,9 @@ def mma_sync_rows(binary):
     try:
         done = subprocess.run([binary], capture_output=True, text=True, timeout=120, check=False)
     except OSError as error:
-        torch_gpu.die(PROGRAM, f"cannot run {binary}: {error}")
+        die(f"cannot run {binary}: {error}")
     if done.returncode != 0:
-        torch_gpu.die(PROGRAM, f"{binary} failed (exit {done.returncode}): {done.stderr.strip()}")
+        die(f"{binary} failed (exit {done.returncode}): {done.stderr.strip()}")
     rows = []
     for line in done.stdout.split():
         metric, value, unit = line.split(",")
@@ -78,13 +84,15 @@ def main():
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
 
-    torch = torch_gpu.load_torch(PROGRAM)
-    torch_gpu.disable_tf32(torch, PROGRAM)
+    try:
+        torch = torch_gpu.load_torch()
+        torch_gpu.disable_tf32(torch)
+    except torch_gpu.TorchUnavailable as error:
+        die(str(error))
     gpu = torch.cuda.get_device_name(0)
     properties = torch.cuda.get_device_properties(0)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = args.out or os.path.join(root, "plots", "data", gpu.replace(" ", "_"), "ceilings.csv")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    out = args.out or os.path.join(root, "plots", "data", results.gpu_folder(gpu), "ceilings.csv")
 
     rows = [
         ("fp32_sgemm_tf32_off", matmul_tflops(torch, torch.float32, args.size, args.warmup, args.reps), "TFLOP/s"),
@@ -105,11 +113,8 @@ def main():
         if value:
             rows.append((metric, value, "B"))
 
-    with open(out, "w", newline="") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(["gpu", "metric", "value", "unit"])
-        for metric, value, unit in rows:
-            writer.writerow([gpu, metric, f"{value:.6g}" if isinstance(value, float) else value, unit])
+    results.write_ceilings(out, [{"gpu": gpu, "metric": metric, "value": value, "unit": unit}
+                                 for metric, value, unit in rows])
     print(f"{gpu}: ceilings written to {out}")
     for metric, value, unit in rows:
         print(f"  {metric:<22} {value:>14.6g} {unit}" if isinstance(value, float) else

@@ -9,26 +9,34 @@
 #   build     Release build for the local GPU
 #   test      the whole ctest suite with FA_REQUIRE_GPU=1 (a skipped test is a failure)
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck, initcheck on every GPU stage
-#   bench     the seed shapes (also causal) and the N sweeps  -> OUTDIR/data/results.csv
+#   bench     the seed shapes (also causal), the N sweeps, and grouped-query / multi-query
+#             attention for the stages that take it           -> OUTDIR/data/results.csv
 #   memory    one run per N = 2^10 .. 2^20 per GPU stage (2^18 for 02-04) -> OUTDIR/data/memory.csv
 #   torch     PyTorch's SDPA backends beside our stages        -> OUTDIR/data/torch.csv
 #   ceilings  SGEMM, FP16 tensor-core matmul, copy bandwidth   -> OUTDIR/data/ceilings.csv
 #   traffic   ncu DRAM and L2 bytes per stage                  -> OUTDIR/data/traffic.csv
 #   exercises every stage's untouched student copy must fail its tests (scripts/check_exercises.sh)
+#   merge     OUTDIR/data into the repository's data set of this GPU, plots/data/<GPU name, spaces
+#             as _>/ ($FA_DATA_DIR to choose another folder): per kind, the run's rows replace the
+#             rows with the same key, the others stay (python3 -m fa_course.data merge), env.txt is
+#             replaced, and this call's summary is appended to its gpu_suite_log.txt
+# Each phase writes its files fresh, so a partial run (say `bench merge`) replaces just its rows.
 # Logs go to OUTDIR/logs, the machine and source hashes to OUTDIR/data/env.txt, and a short
-# summary (OUTDIR/summary.txt) is printed last.
+# summary (OUTDIR/summary.txt) is printed last. Python: the standard library only.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: gpu_suite.sh OUTDIR [PHASE ...]}
 shift
 phases=("$@")
-[ ${#phases[@]} -gt 0 ] || phases=(build test sanitize bench memory torch ceilings traffic exercises)
+[ ${#phases[@]} -gt 0 ] || phases=(build test sanitize bench memory torch ceilings traffic exercises merge)
 mkdir -p "$out/logs" "$out/data"
 out=$(cd "$out" && pwd)
 build="$repo/build-gpu"
 bin="$build/bin"
 summary="$out/summary.txt"
 : >>"$summary"
+summary_start=$(($(wc -l <"$summary") + 1))  # this call's lines of the summary, for the merge phase
+export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"  # python3 -m fa_course.data
 
 note() { echo "$*" | tee -a "$summary"; }
 # FA_STAGES="06_wmma 07_fp16_pipelined" restricts the GPU phases to those stages.
@@ -38,15 +46,18 @@ gpu_stages() {
   done
 }
 
+gpu_name() { nvidia-smi --query-gpu=name --format=csv,noheader | head -n1; }
+
+# What a reader of the data needs: when, which GPU, driver and CUDA, and the source hashes of the
+# tree (scripts/source_hash.py; a row is current when its source_hash equals its stage's here).
 write_env() {
   {
     echo "date: $(date -u +%FT%TZ)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | sed 's/^/gpu: /'
-    echo "cuda: $(nvcc --version | tail -n1)"
-    echo "tree source_hash: $("$repo/scripts/source_hash.sh" --tree)"
-    for stage in $(ls "$repo/stages" | grep -E '^[0-9][0-9]_'); do
-      echo "source_hash $stage: $("$repo/scripts/source_hash.sh" "$stage")"
-    done
+    echo "gpu: $(gpu_name)"
+    echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1)"
+    echo "cuda: $(nvcc --version | sed -n 's/.*release \([0-9.]*\), V\([0-9.]*\).*/\1 (nvcc \2)/p')"
+    echo "tree source_hash: $(python3 "$repo/scripts/source_hash.py" --tree)"
+    python3 "$repo/scripts/source_hash.py" --all | sed 's/^\([^ ]*\) /source_hash \1: /'
   } >"$out/data/env.txt"
 }
 
@@ -124,6 +135,16 @@ phase_bench() {
       run_point "$csv" 01_cpu 1 1 $n $d --causal || failed=$((failed + 1))
     done
   done
+  # Grouped-query (Hkv = 8) and multi-query (Hkv = 1) attention beside plain multi-head (Hkv = Hq
+  # = 32), B = 1, D = 128: N = 4096 for the GPU stages that take general shapes (08 and later), N =
+  # 1024 for the CPU stage (its cost).
+  for stage in 01_cpu $(gpu_stages | awk '$1 >= "08"'); do
+    local n=4096
+    [ "$stage" = 01_cpu ] && n=1024
+    for kv_heads in 32 8 1; do
+      run_point "$csv" "$stage" 1 32 $n 128 --kv-heads $kv_heads || failed=$((failed + 1))
+    done
+  done
   for stage in 01_cpu $(gpu_stages); do "$bin/$stage" --walkthrough >"$out/data/walkthrough_${stage:0:2}.txt" 2>&1; done
   note "bench: $(($(wc -l <"$csv") - 1)) rows, $failed runs not ok (oom rows are expected for 02 at large N)"
   python3 "$repo/scripts/summarize_results.py" "$csv" | tee -a "$summary"
@@ -146,6 +167,7 @@ phase_memory() {
 }
 
 phase_torch() {
+  rm -f "$out/data/torch.csv"  # compare_torch.py adds to --out: each call of the phase starts afresh
   local stages
   stages=$(gpu_stages | cut -c1-2 | paste -sd, -)
   python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --shapes seed001 seed004 \
@@ -161,6 +183,16 @@ phase_torch() {
       status=1
     python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --shapes seed001 --causal on \
       --stages "$fast" --peers torch_flash,torch_cudnn --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
+      status=1
+  fi
+  # The bench phase's grouped-query and multi-query shapes (Hkv = 32, 8, 1 at Hq = 32), for the
+  # stages that take general shapes (08 and later), beside PyTorch.
+  local general
+  general=$(gpu_stages | cut -c1-2 | awk '$1 >= 8' | paste -sd, -)
+  if [ -n "$general" ]; then
+    python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" \
+      --shapes 1x32x32x4096x4096x128,1x32x8x4096x4096x128,1x32x1x4096x4096x128 \
+      --stages "$general" --peers torch_flash,torch_cudnn --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
       status=1
   fi
   note "torch: $([ $status -eq 0 ] && echo ok || echo FAILED) ($(($(wc -l <"$out/data/torch.csv" 2>/dev/null || echo 1) - 1)) rows)"
@@ -189,6 +221,23 @@ phase_traffic() {
   python3 "$repo/scripts/traffic.py" --bin "$bin" --out "$out/data/traffic.csv" >"$out/logs/traffic.log" 2>&1
   local status=$?
   note "traffic: $([ $status -eq 0 ] && echo ok || echo FAILED)"
+  return $status
+}
+
+phase_merge() {
+  local gpu dest status
+  gpu=$(gpu_name)
+  dest=${FA_DATA_DIR:-$repo/plots/data/${gpu// /_}}
+  [ -f "$out/data/env.txt" ] || write_env
+  python3 -m fa_course.data merge "$out/data" "$dest" >"$out/logs/merge.log" 2>&1
+  status=$?
+  note "merge: $([ $status -eq 0 ] && echo ok || echo FAILED) into ${dest#"$repo"/}"
+  sed 's/^/  /' "$out/logs/merge.log" | tee -a "$summary"
+  if [ $status -eq 0 ]; then
+    note "  $(python3 -m fa_course.data stale --brief "$dest" 2>&1) (python3 -m fa_course.data stale)"
+    { echo; echo "## $(date -u +%FT%TZ): scripts/gpu_suite.sh ${phases[*]} (OUTDIR $(basename "$out"))"
+      tail -n +"$summary_start" "$summary"; } >>"$dest/gpu_suite_log.txt"
+  fi
   return $status
 }
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Executes every notebook in notebooks/ headless (nbclient, kernel python3), in memory: the
-committed notebooks keep no outputs. Exits non-zero when a notebook raises.
+committed notebooks keep no outputs. Exits non-zero when a notebook raises. The data folder (--data,
+else every folder under plots/data/) is checked first (python/fa_course/data.py: one file per kind,
+no duplicate key), so an incoherent one fails here with one message instead of inside a notebook.
 
   python3 scripts/run_notebooks.py                      # data: the one folder under plots/data/
   python3 scripts/run_notebooks.py --data DIR --plots /tmp/plots notebooks/memory.ipynb
@@ -29,6 +31,17 @@ def main():
     except ImportError as error:
         print(f"run_notebooks: {error}; install the pinned tools: pip install -r requirements.txt", file=sys.stderr)
         return 2
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from fa_course import data as fa_dataset
+
+    folders = [args.data] if args.data else sorted(
+        p for p in glob.glob(os.path.join(ROOT, "plots", "data", "*")) if os.path.isdir(p))
+    for folder in folders:
+        try:
+            fa_dataset.check(folder)
+        except fa_dataset.DataError as error:
+            print(f"run_notebooks: {error}", file=sys.stderr)
+            return 1
     if args.data:
         os.environ["FA_DATA_DIR"] = os.path.abspath(args.data)
     if args.plots:

@@ -51,9 +51,9 @@ std::string stage_unavailable_reason(const StageDescriptor& stage, const DeviceI
                                    : device.compute_capability >= needed.compute_capability;
     if (!runs) {
       why << "stage " << stage.id << " needs " << (needed.exact ? "exactly " : "") << "compute capability "
-          << needed.compute_capability / 10 << "." << needed.compute_capability % 10 << (needed.exact ? "" : " or newer")
-          << " (" << architecture_name(stage) << "); " << device.name << " has " << device.compute_capability / 10
-          << "." << device.compute_capability % 10;
+          << needed.compute_capability / 10 << "." << needed.compute_capability % 10
+          << (needed.exact ? "" : " or newer") << " (" << architecture_name(stage) << "); " << device.name << " has "
+          << device.compute_capability / 10 << "." << device.compute_capability % 10;
     }
   }
   return why.str();

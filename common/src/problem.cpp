@@ -21,13 +21,13 @@ double attention_pairs(const Problem& problem) {
 }
 
 double attention_flops(const Problem& problem, Pass pass) {
-  const double forward = 4.0 * static_cast<double>(problem.q_heads_total()) * attention_pairs(problem) *
-                         static_cast<double>(problem.dim);
+  const double forward =
+      4.0 * static_cast<double>(problem.q_heads_total()) * attention_pairs(problem) * static_cast<double>(problem.dim);
   return pass == Pass::forward ? forward : 2.5 * forward;
 }
 
 int64_t minimum_bytes(const Problem& problem, int element_bytes, Pass pass, bool with_lse) {
-  const int64_t q_bytes = problem.q_elements() * element_bytes;  // Q, O, dO, dQ each
+  const int64_t q_bytes = problem.q_elements() * element_bytes;    // Q, O, dO, dQ each
   const int64_t kv_bytes = problem.kv_elements() * element_bytes;  // K, V, dK, dV each
   const int64_t lse_bytes = problem.q_rows() * static_cast<int64_t>(sizeof(float));
   if (pass == Pass::forward) return 2 * q_bytes + 2 * kv_bytes + (with_lse ? lse_bytes : 0);
@@ -42,8 +42,7 @@ std::string validate_problem(const Problem& problem, int64_t max_dim) {
   } else if (problem.q_heads % problem.kv_heads != 0) {
     why << "query heads " << problem.q_heads << " are not a multiple of key/value heads " << problem.kv_heads;
   } else if (problem.q_seq < 1 || problem.kv_seq < 1) {
-    why << "sequence lengths must be at least 1 (got " << problem.q_seq << " queries, " << problem.kv_seq
-        << " keys)";
+    why << "sequence lengths must be at least 1 (got " << problem.q_seq << " queries, " << problem.kv_seq << " keys)";
   } else if (problem.dim < 1) {
     why << "head dim must be at least 1 (got " << problem.dim << ")";
   } else if (problem.dim > max_dim) {

@@ -110,8 +110,8 @@ TileTrace reference_trace(const Inputs& inputs, int64_t tile) {
     const int64_t keys = std::min(problem.kv_seq, (t + 1) * tile);
     for (int64_t row = 0; row < trace.rows; ++row) {
       const int64_t i = row % problem.q_seq;
-      softmax_row(problem, head_of(inputs, row / problem.q_seq), i, visible_keys(problem, i, keys),
-                  trace.m_at(t, row), trace.l_at(t, row), &trace.o_at(t, row, 0));
+      softmax_row(problem, head_of(inputs, row / problem.q_seq), i, visible_keys(problem, i, keys), trace.m_at(t, row),
+                  trace.l_at(t, row), &trace.o_at(t, row, 0));
     }
   }
   return trace;

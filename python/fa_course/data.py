@@ -1,0 +1,376 @@
+"""One coherent data set per GPU (design.md, "Results CSV"): read, check, merge and date the data
+folder plots/data/<gpu>/. Python 3 standard library only, so the GPU suite runs it on an offline
+machine; the notebooks turn what it reads into pandas frames.
+
+A data folder holds one file per kind:
+
+  results.csv   the benchmark rows of the stage executables (the GPU suite's bench phase)
+  memory.csv    the memory sweep: one run per N, single timings
+  torch.csv     our stages and PyTorch's SDPA backends on the same tensors
+  ceilings.csv  the device's measured ceilings
+  traffic.csv   DRAM and L2 bytes measured with Nsight Compute
+  env.txt       date, GPU, driver, CUDA and the source hashes of the run that wrote it
+
+and, besides, the stages' walkthrough output (walkthrough_NN.txt), Nsight Compute reports (ncu/)
+and the GPU suite's running log (gpu_suite_log.txt), none of them read as data. Files written before
+the general shapes (B, H, N, D; no pass) are converted on read: H is Hq = Hkv, N is Nq = Nk, pass is
+fwd (and traffic rows without causal are non-causal).
+
+  python3 -m fa_course.data check plots/data/NVIDIA_H200      # raises on anything incoherent
+  python3 -m fa_course.data check --all plots/data            # every GPU folder
+  python3 -m fa_course.data merge OUTDIR/data plots/data/NVIDIA_H200
+  python3 -m fa_course.data stale plots/data/NVIDIA_H200      # rows not from this tree's code
+  python3 -m fa_course.data rewrite plots/data/NVIDIA_H200    # legacy headers -> current, sorted
+
+A merge replaces, kind by kind, the rows whose key (schema.RESULTS_KEY, CEILINGS_KEY, TRAFFIC_KEY)
+the new folder has, keeps the others, and writes each file back sorted by its key; env.txt, the
+walkthrough files and ncu/ reports of the new folder replace the old ones of the same name.
+"""
+
+import argparse
+import importlib.util
+import os
+import re
+import shutil
+import sys
+
+from . import results as csv_files
+from . import schema
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Kind:
+    """One file of a data folder: its name and the schema kind of its rows (results.py reads and
+    writes them: the columns, the legacy headers, the key)."""
+
+    def __init__(self, name, schema_kind):
+        self.name, self.schema_kind = name, schema_kind
+        self.columns, self.key = csv_files.KINDS[schema_kind]
+        legacy = csv_files.LEGACY_KINDS.get(schema_kind)
+        self.legacy = [list(legacy)] if legacy else []
+
+    @property
+    def file(self):
+        return self.name + ".csv"
+
+
+KINDS = {
+    "results": Kind("results", "results"),
+    "memory": Kind("memory", "results"),
+    "torch": Kind("torch", "results"),
+    "ceilings": Kind("ceilings", "ceilings"),
+    "traffic": Kind("traffic", "traffic"),
+}
+ENV_FILE = "env.txt"
+LOG_FILE = "gpu_suite_log.txt"
+NCU_FOLDER = "ncu"
+WALKTHROUGH = re.compile(r"^walkthrough_[0-9][0-9]\.txt$")
+CPU = "cpu"  # the gpu column of the CPU stage's rows (common/src/runner.cpp): in any GPU's folder
+
+
+class DataError(Exception):
+    """A data folder that is not one coherent data set; the message says what and how to fix it."""
+
+
+def gpu_folder_name(gpu):
+    """plots/data/<this>/ for a device name: spaces become _ (design.md)."""
+    return csv_files.gpu_folder(gpu.strip())
+
+
+# ---- reading and writing one kind (python/fa_course/results.py) ----
+
+def row_key(kind, row):
+    """The row's key with numbers as numbers ("4" and "4.0" are one key)."""
+    return csv_files.key_of(row, kind.key)
+
+
+def read_kind(path, kind):
+    """The rows of one kind's file as dicts of strings (the text as written) in the kind's current
+    columns, legacy headers converted; DataError on a header of another kind, a key twice, a
+    malformed line, a pass or status design.md does not know."""
+    try:
+        rows = csv_files.read_csv(path, kind.schema_kind, duplicates="error", typed=False)[1]
+    except (csv_files.SchemaError, ValueError) as error:
+        raise DataError(str(error)) from None
+    for number, row in enumerate(rows, start=2):
+        if "pass" in row and row["pass"] not in schema.PASSES:
+            raise DataError(f"{path}: row {number - 1}: pass {row['pass']!r} is none of {', '.join(schema.PASSES)}")
+        if "status" in row and row["status"] not in schema.STATUSES:
+            raise DataError(f"{path}: row {number - 1}: status {row['status']!r} is none of "
+                            f"{', '.join(schema.STATUSES)}")
+    return rows
+
+
+def write_kind(path, kind, rows):
+    """Writes rows in the kind's columns, sorted by key (a stable sort), atomically."""
+    rows = sorted(rows, key=lambda r: tuple((0, v, "") if isinstance(v, int) else (1, 0, str(v))
+                                            for v in row_key(kind, r)))
+    try:
+        csv_files.write_csv(path, rows, kind.schema_kind)
+    except csv_files.SchemaError as error:
+        raise DataError(f"{path}: {error}") from None
+
+
+# ---- the folder ----
+
+def classify(folder):
+    """{kind: path} of the folder's CSV files and the list of problems: a second file of a kind, an
+    unknown CSV, an unknown file."""
+    found, problems = {}, []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if name.startswith("."):
+            continue
+        if os.path.isdir(path):
+            if name != NCU_FOLDER:
+                problems.append(f"{name}/: an unknown folder (only {NCU_FOLDER}/ belongs in a data folder)")
+            continue
+        if name.endswith(".csv"):
+            stem = name[:-4]
+            if stem in KINDS:
+                found[stem] = path
+                continue
+            kind = next((k for k in KINDS if re.match(rf"^{k}[-_.]", stem)), None)
+            header = _header(path)
+            alike = [k.file for k in KINDS.values() if header == k.columns or header in k.legacy]
+            if kind:
+                problems.append(f"{name}: a second file of kind {kind} (the one file is {KINDS[kind].file}): merge "
+                                f"its rows into {KINDS[kind].file}, then delete it")
+            elif alike:
+                problems.append(f"{name}: an unknown CSV with the header of {' / '.join(alike)}: a second file of "
+                                f"that kind? merge its rows in, then delete it")
+            else:
+                problems.append(f"{name}: an unknown CSV (the kinds are {', '.join(k.file for k in KINDS.values())})")
+            continue
+        if name in (ENV_FILE, LOG_FILE, "README.md") or WALKTHROUGH.match(name):
+            continue
+        problems.append(f"{name}: an unknown file (known: the kinds' CSVs, {ENV_FILE}, walkthrough_NN.txt, "
+                        f"{LOG_FILE}, {NCU_FOLDER}/)")
+    return found, problems
+
+
+def _header(path):
+    return csv_files.read_header(path)
+
+
+def load(folder):
+    """{kind: rows} of a data folder (every kind; [] where its file is absent), after check()."""
+    check(folder)
+    found, _ = classify(folder)
+    return {kind: (read_kind(found[kind], KINDS[kind]) if kind in found else []) for kind in KINDS}
+
+
+def check(folder):
+    """Raises DataError, naming every problem, unless the folder is one coherent data set: one file
+    per kind, no unknown CSV or file, each file readable under its header, no key twice within a
+    kind, one GPU (besides the CPU stage's rows, whose gpu is "cpu"). Returns {kind: row count}."""
+    if not os.path.isdir(folder):
+        raise DataError(f"{folder}: no such data folder")
+    found, problems = classify(folder)
+    counts, gpus = {}, {}
+    for kind, path in found.items():
+        try:
+            rows = read_kind(path, KINDS[kind])
+        except DataError as error:
+            problems.append(str(error))
+            continue
+        counts[kind] = len(rows)
+        for row in rows:
+            if row["gpu"] != CPU:
+                gpus.setdefault(row["gpu"], set()).add(KINDS[kind].file)
+    if len(gpus) > 1:
+        problems.append("rows of several GPUs in one folder: " +
+                        "; ".join(f"{g} ({', '.join(sorted(f))})" for g, f in sorted(gpus.items())))
+    if problems:
+        raise DataError(f"{folder} is not one coherent data set:\n  " + "\n  ".join(problems))
+    return counts
+
+
+def merge(new_folder, data_folder):
+    """Merges a run's data folder into a GPU's data folder: per kind, the new rows replace the rows
+    with the same key, the other rows stay; each file is written back sorted by key. env.txt, the
+    walkthrough files and ncu/ reports of the run replace those of the same name. Both folders are
+    checked first (the data folder need not exist yet), and the result after. Returns
+    {kind: (replaced, added, total)}."""
+    check(new_folder)
+    if os.path.isdir(data_folder):
+        check(data_folder)
+    new = load(new_folder)
+    old = load(data_folder) if os.path.isdir(data_folder) else {k: [] for k in KINDS}
+    new_gpus = {r["gpu"] for rows in new.values() for r in rows} - {CPU}
+    old_gpus = {r["gpu"] for rows in old.values() for r in rows} - {CPU}
+    if new_gpus and old_gpus and new_gpus != old_gpus:
+        raise DataError(f"{new_folder} holds rows of {', '.join(sorted(new_gpus))}, {data_folder} of "
+                        f"{', '.join(sorted(old_gpus))}: one folder per GPU")
+    os.makedirs(data_folder, exist_ok=True)
+    summary = {}
+    for name, kind in KINDS.items():
+        if not new[name]:
+            continue
+        replacing = {row_key(kind, r) for r in new[name]}
+        kept = [r for r in old[name] if row_key(kind, r) not in replacing]
+        write_kind(os.path.join(data_folder, kind.file), kind, kept + new[name])
+        summary[name] = (len(old[name]) - len(kept), len(new[name]) - (len(old[name]) - len(kept)),
+                         len(kept) + len(new[name]))
+    for entry in sorted(os.listdir(new_folder)):
+        source = os.path.join(new_folder, entry)
+        if entry == ENV_FILE or WALKTHROUGH.match(entry):
+            shutil.copyfile(source, os.path.join(data_folder, entry))
+        elif entry == NCU_FOLDER and os.path.isdir(source):
+            shutil.copytree(source, os.path.join(data_folder, entry), dirs_exist_ok=True)
+    check(data_folder)
+    return summary
+
+
+def rewrite(folder):
+    """Rewrites every kind's file in the current columns, sorted by key (legacy headers converted)."""
+    data = load(folder)
+    for name, rows in data.items():
+        if rows:
+            write_kind(os.path.join(folder, KINDS[name].file), KINDS[name], rows)
+    return {k: len(v) for k, v in data.items() if v}
+
+
+# ---- which rows are current ----
+
+def _source_hash_module(root):
+    path = os.path.join(root, "scripts", "source_hash.py")
+    spec = importlib.util.spec_from_file_location("fa_source_hash", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def stage_folder(stage):
+    """The stage folder of a results row's stage (`07_fp16_pipelined/bf16` -> `07_fp16_pipelined`)."""
+    return stage.split("/", 1)[0]
+
+
+def current_hashes(stages, root=REPO):
+    """{stage folder: scripts/source_hash.py STAGE} for the stage folders this tree has."""
+    module = _source_hash_module(root)
+    hashes = {}
+    for stage in sorted(set(stages)):
+        if os.path.isdir(os.path.join(root, "stages", stage)):
+            hashes[stage] = module.stage_hash(stage, root)
+    return hashes
+
+
+def stale(folder, root=REPO):
+    """Per kind and stage (peers left out): the rows, how many carry this tree's source_hash, and
+    the hashes in the data. A row is stale when its hash differs from scripts/source_hash.py STAGE
+    of this tree (the code changed after it was measured). Returns a list of dicts."""
+    data = load(folder)
+    report = []
+    stages = {stage_folder(r["stage"]) for rows in data.values() for r in rows
+              if "stage" in r and r["stage"] not in schema.PEERS}
+    now = current_hashes(stages, root)
+    for name in ("results", "memory", "torch"):  # traffic rows carry no source_hash
+        by_stage = {}
+        for row in data[name]:
+            if row["stage"] in schema.PEERS:
+                continue
+            by_stage.setdefault(stage_folder(row["stage"]), []).append(row.get("source_hash", ""))
+        for stage, hashes in sorted(by_stage.items()):
+            here = now.get(stage, "")
+            current = sum(1 for h in hashes if h and h == here)
+            if not here:
+                state = "no stage folder in this tree"
+            elif current == len(hashes):
+                state = "current"
+            else:
+                state = "stale" if current == 0 else "mixed"
+            report.append({"kind": name, "stage": stage, "rows": len(hashes), "current": current,
+                           "hash in data": ", ".join(sorted({h for h in hashes if h})) or "-",
+                           "hash of this tree": here or "-", "state": state})
+    return report
+
+
+def stale_rows(rows, root=REPO):
+    """The rows (of a results-like kind) whose stage is ours and whose source_hash is not this tree's."""
+    now = current_hashes({stage_folder(r["stage"]) for r in rows if r["stage"] not in schema.PEERS}, root)
+    return [r for r in rows if r["stage"] not in schema.PEERS
+            and r.get("source_hash", "") != now.get(stage_folder(r["stage"]), None)]
+
+
+# ---- env.txt ----
+
+def read_env(folder):
+    """{field: value} of env.txt ("name: value" lines); {} when there is none."""
+    path = os.path.join(folder, ENV_FILE)
+    fields = {}
+    if os.path.exists(path):
+        with open(path) as handle:
+            for line in handle:
+                if ":" in line:
+                    name, value = line.split(":", 1)
+                    fields[name.strip()] = value.strip()
+    return fields
+
+
+# ---- command line ----
+
+def _print_table(rows):
+    if not rows:
+        return
+    columns = list(rows[0])
+    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for row in rows:
+        print("  ".join(str(row[c]).ljust(w) for c, w in zip(columns, widths)))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python3 -m fa_course.data", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    check_parser = commands.add_parser("check", help="fail unless the folder is one coherent data set")
+    check_parser.add_argument("folder")
+    check_parser.add_argument("--all", action="store_true", help="FOLDER holds GPU folders (plots/data): check each")
+    merge_parser = commands.add_parser("merge", help="merge a run's data folder into a GPU's data folder")
+    merge_parser.add_argument("new")
+    merge_parser.add_argument("data")
+    stale_parser = commands.add_parser("stale", help="rows whose source_hash is not this tree's")
+    stale_parser.add_argument("folder")
+    stale_parser.add_argument("--root", default=REPO, help="the source tree (default: %(default)s)")
+    stale_parser.add_argument("--fail", action="store_true", help="exit 1 when a row is stale")
+    stale_parser.add_argument("--brief", action="store_true", help="one line: how many rows are current")
+    rewrite_parser = commands.add_parser("rewrite", help="rewrite the files in the current columns, sorted")
+    rewrite_parser.add_argument("folder")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "check":
+            folders = ([os.path.join(args.folder, f) for f in sorted(os.listdir(args.folder))
+                        if os.path.isdir(os.path.join(args.folder, f))] if args.all else [args.folder])
+            for folder in folders:
+                counts = check(folder)
+                print(f"{folder}: ok, " + ", ".join(f"{KINDS[k].file} {n} rows" for k, n in counts.items()))
+        elif args.command == "merge":
+            summary = merge(args.new, args.data)
+            for kind, (replaced, added, total) in summary.items():
+                print(f"{KINDS[kind].file}: {replaced} rows replaced, {added} added, {total} in all")
+            if not summary:
+                print(f"{args.new}: no rows to merge")
+        elif args.command == "stale":
+            report = stale(args.folder, args.root)
+            if args.brief:
+                rows, current = sum(r["rows"] for r in report), sum(r["current"] for r in report)
+                behind = sorted({r["stage"] for r in report if r["state"] != "current"})
+                print(f"{current} of {rows} rows of our stages are from this tree's code" +
+                      (f"; not current: {', '.join(behind)}" if behind else ""))
+            else:
+                _print_table(report)
+            if args.fail and any(r["state"] in ("stale", "mixed") for r in report):
+                return 1
+        elif args.command == "rewrite":
+            for kind, n in rewrite(args.folder).items():
+                print(f"{KINDS[kind].file}: {n} rows")
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""PyTorch on a GPU, imported only when asked for: loading it with a clear error, FP32 that is really
+FP32, and CUDA-event timing. Shared by the torch runner and scripts/ceilings.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+from typing import Callable, List, Tuple
+
+
+class TorchUnavailable(RuntimeError):
+    """PyTorch is not installed, too old, or sees no CUDA GPU."""
+
+
+def load_torch(need_gpu: bool = True):
+    """The torch module (with a CUDA GPU when `need_gpu`), or TorchUnavailable saying what is missing."""
+    try:
+        import torch
+    except ImportError as error:
+        raise TorchUnavailable(f"PyTorch is needed ({error}); install it on the GPU machine, e.g. "
+                               f"`pip install torch` (CUDA build)") from None
+    if need_gpu and not torch.cuda.is_available():
+        raise TorchUnavailable(f"PyTorch {torch.__version__} sees no CUDA GPU (torch.version.cuda="
+                               f"{torch.version.cuda})")
+    return torch
+
+
+def load_sdpa():
+    """(torch, SDPBackend, sdpa_kernel): PyTorch 2.3 or newer on a GPU."""
+    torch = load_torch()
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError as error:
+        raise TorchUnavailable(f"PyTorch {torch.__version__} lacks torch.nn.attention.sdpa_kernel (2.3 or newer "
+                               f"needed): {error}") from None
+    return torch, SDPBackend, sdpa_kernel
+
+
+TORCH_DTYPES = ("float32", "float16", "bfloat16")
+PRECISION_OF_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def torch_dtype(torch, precision: str):
+    """The torch dtype of a precision name ('fp32', 'fp16', 'bf16')."""
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+
+
+def precision_of(dtype) -> str:
+    """'fp32', 'fp16' or 'bf16' for a torch dtype; KeyError for another."""
+    return PRECISION_OF_DTYPE[str(dtype).replace("torch.", "")]
+
+
+def disable_tf32(torch) -> None:
+    """FP32 matmuls in true FP32, then proven so: TF32 rounds the inputs to 10 mantissa bits, which
+    shows as a relative error near 1e-3 on a 512-long dot product; IEEE FP32 stays near 1e-6.
+    TorchUnavailable when TF32 cannot be turned off."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        except (AttributeError, RuntimeError):  # only the newer per-backend API is left
+            torch.backends.cuda.matmul.fp32_precision = "ieee"
+            torch.backends.cudnn.fp32_precision = "ieee"
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    a = torch.rand(512, 512, device="cuda", generator=generator) * 2 - 1
+    b = torch.rand(512, 512, device="cuda", generator=generator) * 2 - 1
+    exact = a.double() @ b.double()
+    relative = ((a @ b).double() - exact).abs().max().item() / exact.abs().max().item()
+    if relative > 1e-5:
+        raise TorchUnavailable(f"FP32 matmul still rounds like TF32 (relative error {relative:.1e}); FP32 cannot "
+                               f"be measured")
+
+
+def event_times_ms(torch, call: Callable[[], object], warmup: int, reps: int,
+                   before_each: Callable[[], object] = None) -> List[float]:
+    """Runs `call` warmup times untimed, then reps times each between two CUDA events on the current
+    stream: the list of milliseconds. `before_each` (e.g. an L2 flush) runs before every timed call,
+    outside the events."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(reps):
+        if before_each is not None:
+            before_each()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def median_min_ms(torch, call, warmup: int, reps: int, before_each=None) -> Tuple[float, float]:
+    times = event_times_ms(torch, call, warmup, reps, before_each)
+    return statistics.median(times), min(times)
+
+
+class L2Flush:
+    """Evicts the L2 cache by reading a buffer twice its size (reads leave no dirty lines behind to be
+    written back during the timed call). For inputs that would otherwise stay in L2 between calls
+    (decoding shapes)."""
+
+    def __init__(self, torch, l2_bytes: int = 0):
+        properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+        l2_bytes = l2_bytes or getattr(properties, "L2_cache_size", 0) or 64 * 2**20
+        self.bytes = 2 * int(l2_bytes)
+        self._buffer = torch.empty(self.bytes // 4, dtype=torch.float32, device="cuda").fill_(1.0)
+        self._sink = torch.empty((), dtype=torch.float32, device="cuda")
+
+    def __call__(self):
+        self._sink.copy_(self._buffer.sum())

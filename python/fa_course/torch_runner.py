@@ -1,0 +1,629 @@
+"""Our stages beside PyTorch's scaled_dot_product_attention, on the same tensors, in one table
+(scripts/compare_torch.py is the command line over this module).
+
+Each stage runs through the C ABI (capi.Library) on PyTorch tensors of its precision (FP32 stages on
+float32, FP16 ones on float16, BF16 ones on bfloat16). Beside them, PyTorch's SDPA with each backend
+forced in turn (torch_flash, torch_efficient, torch_cudnn, torch_math; torch_default lets PyTorch
+choose), in every precision our chosen stages use; TF32 is off, so the FP32 peers compute in true
+FP32. Grouped shapes (Hkv < Hq) go to SDPA with enable_gqa=True; causal masking with Nq != Nk uses
+torch.nn.attention.bias.causal_lower_right (bottom-right aligned, as our stages are), is_causal=True
+only for Nq = Nk.
+
+A stage that does not take a shape (a feature it lacks, a head dim past its maximum, a GPU too old)
+gets a row with status `unsupported` and the library's reason; a backend that refuses a shape or
+dtype gets `unsupported` with PyTorch's reason; one that runs out of memory gets `oom`.
+
+Every output, ours and PyTorch's, is compared with a float64 reference computed on the GPU from the
+same (already rounded) inputs, on sampled heads and rows (our LSE too, where the stage writes one).
+Times come from CUDA events: a first call (also the correctness sample), warm-up calls, then the
+median and minimum of timed calls; where the inputs fit in L2 the cache is flushed before every
+timed call (flush_l2='auto'). Rows follow fa_course.schema and are merged into the results CSV (a
+row replaces the one with the same key).
+
+Guards keep a run inside a few minutes: a stage or backend whose calls would take longer than
+max_call_seconds at a shape (predicted from its speed at the previous shape, or seen on its first
+call) is skipped for that shape and larger ones (no row), and past max_seconds the run stops; both
+are listed in the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import statistics
+import sys
+import time
+import warnings
+from typing import Callable, Dict, List, Optional, Sequence
+
+from . import results
+from .capi import FA_INVALID_SHAPE, FA_UNSUPPORTED, FaError, Library, Stage
+from .shapes import Problem
+from .torch_gpu import L2Flush, TorchUnavailable, disable_tf32, event_times_ms, load_sdpa, precision_of, torch_dtype
+
+# row name -> SDPBackend member (None: PyTorch's own choice)
+PEERS: Dict[str, Optional[str]] = {
+    "torch_flash": "FLASH_ATTENTION",
+    "torch_efficient": "EFFICIENT_ATTENTION",
+    "torch_cudnn": "CUDNN_ATTENTION",
+    "torch_math": "MATH",
+    "torch_default": None,
+}
+DEFAULT_PEERS = ["torch_flash", "torch_efficient", "torch_cudnn", "torch_math"]
+
+
+class TensorError(ValueError):
+    """A tensor of the wrong device, dtype, layout or shape for a stage."""
+
+
+class ContextLost(RuntimeError):
+    """A kernel fault broke the CUDA context: nothing more can run in this process."""
+
+
+# ---- our stages on PyTorch tensors -------------------------------------------------------------
+
+
+def check_tensors(stage: Stage, problem: Problem, q, k, v, o=None, lse=None) -> None:
+    """TensorError unless q, o are (B, Hq, Nq, D) and k, v (B, Hkv, Nk, D), contiguous, of the stage's
+    precision, on its device (the current CUDA device for a CUDA stage, the CPU for the CPU stage),
+    and lse (when given) FP32 (B, Hq, Nq)."""
+    import torch
+
+    want_device = "cuda" if stage.is_cuda else "cpu"
+    want_dtype = torch_dtype(torch, stage.precision)
+    expected = {"q": problem.q_shape, "k": problem.kv_shape, "v": problem.kv_shape, "o": problem.q_shape,
+                "lse": problem.lse_shape}
+    for name, tensor in (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse)):
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            raise TensorError(f"{stage.id}: {name} must be a torch.Tensor, not {type(tensor).__name__}")
+        if tensor.device.type != want_device:
+            where = "a CUDA device" if stage.is_cuda else "the CPU"
+            raise TensorError(f"{stage.id} runs on {where}: {name} is on {tensor.device}")
+        if stage.is_cuda and tensor.device.index not in (None, torch.cuda.current_device()):
+            raise TensorError(f"{stage.id}: {name} is on {tensor.device}, but the current device is "
+                              f"cuda:{torch.cuda.current_device()} (use torch.cuda.device(...))")
+        dtype = torch.float32 if name == "lse" else want_dtype
+        if tensor.dtype != dtype:
+            raise TensorError(f"{stage.id} takes {dtype} for {name} ({stage.precision} stage), not {tensor.dtype}")
+        if tuple(tensor.shape) != tuple(expected[name]):
+            raise TensorError(f"{stage.id}: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name])} "
+                              f"for {problem.describe()}")
+        if not tensor.is_contiguous():
+            raise TensorError(f"{stage.id}: {name} is not contiguous (call .contiguous(); the layout is "
+                              f"(batch, heads, seq, dim) with dim fastest)")
+        if tensor.requires_grad and name in ("o", "lse"):
+            raise TensorError(f"{stage.id}: {name} is written in place and must not require grad")
+
+
+def problem_of(q, k, causal: bool = False) -> Problem:
+    """The problem of q (B, Hq, Nq, D) and k (B, Hkv, Nk, D); TensorError when they do not fit."""
+    if q.dim() != 4 or k.dim() != 4:
+        raise TensorError(f"q and k must be 4-D (batch, heads, seq, dim), not {tuple(q.shape)} and {tuple(k.shape)}")
+    batch, q_heads, q_seq, dim = q.shape
+    if k.shape[0] != batch or k.shape[3] != dim:
+        raise TensorError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim")
+    if k.shape[1] < 1 or q_heads % k.shape[1]:
+        raise TensorError(f"q's {q_heads} heads are not a multiple of k's {k.shape[1]}")
+    return Problem(int(batch), int(q_heads), int(k.shape[1]), int(q_seq), int(k.shape[2]), int(dim), bool(causal))
+
+
+def stage_forward(library: Library, stage, q, k, v, causal: bool = False, out=None, lse=None, workspace=None,
+                  stream=None):
+    """Runs one of our stages on PyTorch tensors: O (allocated when `out` is None), written in place.
+    `lse` True allocates the FP32 log-sum-exp and returns (O, LSE). `workspace` is a uint8 tensor of at
+    least library.workspace_bytes(...) bytes (allocated when None). Raises TensorError for a bad tensor
+    and capi.FaError when the stage refuses or fails."""
+    import torch
+
+    stage = stage if isinstance(stage, Stage) else library.stage(stage)
+    problem = problem_of(q, k, causal)
+    if out is None:
+        out = torch.empty_like(q)
+    want_lse = lse is not None and lse is not False
+    if lse is True:
+        lse = torch.empty(problem.lse_shape, dtype=torch.float32, device=q.device)
+    check_tensors(stage, problem, q, k, v, out, lse if want_lse else None)
+    needed = library.workspace_bytes(stage.id, problem)
+    if needed and workspace is None:
+        workspace = torch.empty(needed, dtype=torch.uint8, device=q.device)
+    if needed and workspace.numel() * workspace.element_size() < needed:
+        raise TensorError(f"{stage.id}: the workspace holds {workspace.numel() * workspace.element_size()} bytes, "
+                          f"{needed} needed")
+    if stage.is_cuda and stream is None:
+        stream = torch.cuda.current_stream()
+    library.forward(stage.id, problem, q, k, v, out, lse=lse if want_lse else None, stream=stream,
+                    workspace=workspace if needed else None)
+    return (out, lse) if want_lse else out
+
+
+# ---- PyTorch's SDPA ----------------------------------------------------------------------------
+
+
+def sdpa_call(torch, q, k, v, problem: Problem) -> Callable[[], object]:
+    """PyTorch's SDPA on the problem: enable_gqa for grouped heads, causal_lower_right for a causal
+    problem with Nq != Nk (is_causal=True aligns top-left, which agrees only when Nq = Nk)."""
+    kwargs = {}
+    if problem.grouped:
+        kwargs["enable_gqa"] = True
+    if problem.causal and problem.rectangular:
+        from torch.nn.attention.bias import causal_lower_right
+
+        with warnings.catch_warnings():  # "will produce NaNs when seq_len_q > seq_len_kv": the check counts them
+            warnings.simplefilter("ignore")
+            kwargs["attn_mask"] = causal_lower_right(problem.q_seq, problem.kv_seq)
+    elif problem.causal:
+        kwargs["is_causal"] = True
+    function = torch.nn.functional.scaled_dot_product_attention
+    return lambda: function(q, k, v, **kwargs)
+
+
+# ---- the float64 reference ---------------------------------------------------------------------
+
+
+def make_inputs(torch, problem: Problem, precision: str, seed: int):
+    """Q, K, V uniform in [-1, 1), already in the precision the kernels see (so is the reference)."""
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    tensors = []
+    for shape in (problem.q_shape, problem.kv_shape, problem.kv_shape):
+        values = torch.rand(shape, device="cuda", dtype=torch.float32, generator=generator)
+        tensors.append(values.mul_(2).sub_(1).to(torch_dtype(torch, precision)))
+        del values
+    return tensors
+
+
+def sample_heads(problem: Problem, count: int):
+    """The first query head, the last, then the middle one: (b, h) pairs, `count` at most."""
+    heads = problem.q_heads
+    total = problem.batch * heads
+    picks = list(dict.fromkeys([0, total - 1, total // 2]))[: max(1, count)]
+    return [(p // heads, p % heads) for p in picks]
+
+
+def sample_rows(torch, seq: int, limit: int, seed: int):
+    if seq <= limit:
+        return torch.arange(seq, device="cuda")
+    edge = min(64, limit // 4)
+    generator = torch.Generator(device="cuda").manual_seed(seed + 1)
+    middle = torch.randperm(seq, device="cuda", generator=generator)[: limit - 2 * edge]
+    ends = torch.cat([torch.arange(edge, device="cuda"), torch.arange(seq - edge, seq, device="cuda")])
+    return torch.unique(torch.cat([ends, middle]))
+
+
+@dataclasses.dataclass
+class Check:
+    max_abs: float
+    rel_l2: float
+    non_finite: int
+    max_abs_v: float
+    lse_max_abs: Optional[float] = None  # None: no LSE checked
+    lse_mismatched: int = 0  # rows whose LSE is -inf on one side only, or not finite where it should be
+
+
+def compare_with_reference(torch, problem: Problem, q, k, v, out, lse=None, check_heads: int = 2,
+                           check_rows: int = 1024, seed: int = 0) -> Check:
+    """Max abs and relative L2 error of `out` (and of `lse`) against float64 on sampled heads and rows,
+    and the count of non-finite outputs over the whole tensor (a NaN must never vanish in a max). A row
+    that sees no key (causal, Nq > Nk) expects O = 0 and LSE = -inf."""
+    non_finite = int((~torch.isfinite(out)).sum().item())
+    scale = 1.0 / math.sqrt(problem.dim)
+    rows = sample_rows(torch, problem.q_seq, check_rows, seed)
+    chunk = max(1, (1 << 25) // problem.kv_seq)  # keeps one chunk of float64 scores near 256 MiB
+    keys = torch.arange(problem.kv_seq, device="cuda")
+    max_abs, diff_sq, ref_sq = 0.0, 0.0, 0.0
+    lse_max_abs, lse_mismatched = (0.0 if lse is not None else None), 0
+    heads = sample_heads(problem, check_heads)
+    for b, h in heads:
+        kv = problem.kv_head_of(h)
+        qh, kh, vh = q[b, h].double(), k[b, kv].double(), v[b, kv].double()
+        for start in range(0, rows.numel(), chunk):
+            picked = rows[start:start + chunk]
+            scores = (qh[picked] @ kh.T) * scale
+            if problem.causal:  # query i sees keys 0 .. i + Nk - Nq
+                ends = picked[:, None] + 1 + problem.kv_seq - problem.q_seq
+                scores.masked_fill_(keys[None, :] >= ends, float("-inf"))
+            row_max = scores.max(dim=-1, keepdim=True).values
+            empty = torch.isinf(row_max) & (row_max < 0)
+            weights = torch.exp(scores - torch.where(empty, torch.zeros_like(row_max), row_max))
+            sums = weights.sum(dim=-1, keepdim=True)
+            expected = torch.where(empty, torch.zeros_like(sums), (weights @ vh) / torch.where(empty, torch.ones_like(sums), sums))
+            difference = out[b, h][picked].double() - expected
+            finite = torch.isfinite(difference)
+            if finite.any():
+                max_abs = max(max_abs, difference[finite].abs().max().item())
+            diff_sq += torch.where(finite, difference, torch.zeros_like(difference)).square().sum().item()
+            ref_sq += expected.square().sum().item()
+            if lse is not None:
+                expected_lse = (row_max + torch.log(sums)).squeeze(-1)
+                expected_lse = torch.where(empty.squeeze(-1), torch.full_like(expected_lse, float("-inf")),
+                                           expected_lse)
+                got = lse[b, h][picked].double()
+                both_finite = torch.isfinite(got) & torch.isfinite(expected_lse)
+                agree_inf = torch.isneginf(got) & torch.isneginf(expected_lse)
+                lse_mismatched += int((~(both_finite | agree_inf)).sum().item())
+                if both_finite.any():
+                    lse_max_abs = max(lse_max_abs, (got - expected_lse)[both_finite].abs().max().item())
+    rel_l2 = math.sqrt(diff_sq / ref_sq) if ref_sq > 0 else math.sqrt(diff_sq)
+    max_abs_v = max(v[b, problem.kv_head_of(h)].abs().max().item() for b, h in heads)
+    return Check(max_abs, rel_l2, non_finite, max_abs_v, lse_max_abs, lse_mismatched)
+
+
+# The LSE is FP32 from scores accumulated in FP32: its error stays near 1e-6 relative; this bound
+# catches a wrong max, a missing rescale or a log of the wrong sum, not rounding.
+LSE_TOLERANCE = 1e-3
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+
+def one_line(text, limit: int = 240) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def oom_bytes(error) -> int:
+    """The allocation PyTorch could not make, from its message ("Tried to allocate 32.00 GiB")."""
+    match = re.search(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)", str(error))
+    if not match:
+        return 0
+    scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[match.group(2)]
+    return int(float(match.group(1)) * scale)
+
+
+BACKEND_WARNING_HEADERS = {"FLASH_ATTENTION": "flash attention", "EFFICIENT_ATTENTION": "memory efficient",
+                           "CUDNN_ATTENTION": "cudnn attention"}
+
+
+def refusal_reason(caught, error, backend: Optional[str] = None) -> str:
+    """Why PyTorch refused: it explains each backend in UserWarnings before it raises ("Flash attention
+    kernel not used because:", then the reasons). The forced backend's reasons, without the other
+    backends' "runtime disabled" and PyTorch's source locations; else the error."""
+    messages = [re.sub(r"\s*\(Triggered internally at [^)]*\)?.*$", "", " ".join(str(w.message).split()))
+                for w in caught]
+    groups: Dict[str, List[str]] = {}
+    current = None
+    for message in messages:
+        header = re.match(r"(.*) kernel not used because:?$", message)
+        if header:
+            current = header.group(1).strip().lower()
+            groups.setdefault(current, [])
+        elif message and "No available kernel" not in message:
+            groups.setdefault(current, []).append(message)
+    wanted = BACKEND_WARNING_HEADERS.get(backend or "")
+    chosen = [m for name, found in groups.items() if wanted and name and name.startswith(wanted) for m in found]
+    if not chosen:
+        chosen = [m for found in groups.values() for m in found if "runtime disabled" not in m]
+    return one_line("; ".join(chosen) if chosen else error)
+
+
+def first_call(torch, call):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    result = call()
+    end.record()
+    end.synchronize()
+    return result, start.elapsed_time(end)
+
+
+def default_out(gpu: str, root: Optional[str] = None) -> str:
+    """plots/data/<gpu>/torch.csv of the repository."""
+    from .capi import REPO_ROOT
+
+    return os.path.join(root or REPO_ROOT, "plots", "data", results.gpu_folder(gpu), "torch.csv")
+
+
+# ---- the run -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RunConfig:
+    warmup: int = 3  # warm-up calls, the first one included
+    reps: int = 10  # timed calls, at most
+    row_seconds: float = 2.0  # timed calls per row are cut to fit about this long, 3 at least
+    max_call_seconds: float = 2.0  # skip a stage/backend at shapes where one call takes longer
+    max_seconds: float = 420.0  # stop the whole run after this long
+    check_heads: int = 2  # query heads compared with float64
+    check_rows: int = 1024  # query rows per checked head
+    seed: int = 0
+    flush_l2: str = "auto"  # 'auto': flush before each timed call when the inputs fit in L2; 'on'; 'off'
+
+
+class TorchRunner:
+    """Runs stages and peers on problems and hands each row (schema.RESULTS_COLUMNS) to `sink`
+    (default: merged into `out_path`). After run(): rows_written, failures (our wrong answers and
+    errors), skipped (what got no row, and why)."""
+
+    def __init__(self, library: Library, config: RunConfig = None, out_path: Optional[str] = None,
+                 sink: Callable[[Dict], None] = None, printer: Callable[[str], None] = None):
+        self.torch, self.sdp_backend, self.sdpa_kernel = load_sdpa()
+        disable_tf32(self.torch)
+        self.library = library
+        self.config = config or RunConfig()
+        self.gpu = self.torch.cuda.get_device_name(self.torch.cuda.current_device())
+        self.out_path = out_path
+        self.sink = sink or self._merge_into_file
+        self.print = printer or (lambda text: print(text, flush=True))
+        self.rows_written = 0
+        self.rows: List[Dict] = []
+        self.failures: List[str] = []
+        self.skipped: List[str] = []
+        self.seconds_per_flop: Dict[tuple, float] = {}  # (name, dtype, causal) -> of its latest timed shape
+        self.started = time.monotonic()
+        self._flush: Optional[L2Flush] = None
+
+    def _merge_into_file(self, row: Dict) -> None:
+        if not self.out_path:
+            return
+        results.merge_results(self.out_path, [row])
+
+    # ---- rows ----------------------------------------------------------------------------------
+    def row(self, name: str, problem: Problem, precision: str, **fields) -> Dict:
+        row = results.make_row(stage=name.split("/")[0], gpu=self.gpu, dtype=precision, status="ok", note="",
+                               source_hash="", **{"pass": "fwd"}, **problem.row_fields())
+        row.update(fields)
+        self.sink(row)
+        self.rows.append(row)
+        self.rows_written += 1
+        timing = f"{row['ms_median']} ms" if row.get("ms_median") not in (None, "") else ""
+        tflops = f"{row['tflops']} TFLOP/s" if row.get("tflops") not in (None, "") else ""
+        self.print(f"  {name:<24} {precision:<5} {'causal' if problem.causal else '':<6} {row['status']:<12} "
+                   f"{timing:<16} {tflops:<18} err {row.get('max_abs_err') or '-':<10} {row.get('note') or ''}")
+        return row
+
+    def should_skip(self, name: str, precision: str, problem: Problem) -> bool:
+        flops = problem.flops()
+        per_flop = self.seconds_per_flop.get((name, precision, problem.causal))
+        if per_flop is not None and per_flop * flops > self.config.max_call_seconds:
+            self.skipped.append(f"{name} {precision} {problem.describe()}: about {per_flop * flops:.1f} s per call "
+                                f"> max-call-seconds {self.config.max_call_seconds}")
+            self.print(f"  {name:<24} {precision:<5} skipped: about {per_flop * flops:.1f} s per call")
+            return True
+        return False
+
+    def flush_for(self, problem: Problem, precision: str):
+        """The L2 flush to run before each timed call, or None."""
+        mode = self.config.flush_l2
+        if mode == "off":
+            return None
+        if self._flush is None:
+            self._flush = L2Flush(self.torch)
+        if mode == "on" or problem.minimum_bytes(precision) < self._flush.bytes:
+            return self._flush
+        return None
+
+    def time_calls(self, call, first_ms: float, before_each=None):
+        """Warm-up and timed calls after the first one; the count shrinks for slow calls."""
+        config = self.config
+        first_s = max(first_ms / 1e3, 1e-6)
+        warmups = max(0, min(config.warmup - 1, int(0.25 * config.row_seconds / first_s)))
+        reps = max(3, min(config.reps, int(config.row_seconds / first_s)))
+        times = event_times_ms(self.torch, call, warmups, reps, before_each)
+        return statistics.median(times), min(times), reps
+
+    def measured(self, name: str, precision: str, problem: Problem, inputs, call, peak_bytes: int, source_hash: str,
+                 is_ours: bool, checked_call=None):
+        """Times `call` (the first call, or `checked_call` when given, also feeds the check; it returns O or
+        (O, LSE)) and writes the row."""
+        torch, config = self.torch, self.config
+        q, k, v = inputs
+        result, first_ms = first_call(torch, checked_call or call)
+        out, lse = result if isinstance(result, tuple) else (result, None)
+        check = compare_with_reference(torch, problem, q, k, v, out, lse, config.check_heads, config.check_rows,
+                                       config.seed)
+        del result, out, lse
+        flops = problem.flops()
+        flush = self.flush_for(problem, precision)
+        notes = []
+        if first_ms / 1e3 > config.max_call_seconds:
+            ms_median = ms_min = first_ms
+            notes.append(f"1 call: it took more than max-call-seconds {config.max_call_seconds}")
+        else:
+            ms_median, ms_min, reps = self.time_calls(call, first_ms, flush)
+            if reps != config.reps:
+                notes.append(f"{reps} timed calls")
+            if flush is not None:
+                notes.append("L2 flushed before each call")
+        self.seconds_per_flop[(name, precision, problem.causal)] = ms_median / 1e3 / flops
+        tolerance = self.library.tolerance(precision, check.max_abs_v)
+        status = "ok"
+        max_abs = check.max_abs
+        wrong = []
+        if check.non_finite:
+            wrong.append(f"{check.non_finite} non-finite outputs")
+            max_abs = float("nan")
+        elif max_abs > tolerance:
+            wrong.append(f"max_abs_err {max_abs:.3e} > tolerance {tolerance:.3e}" if is_ours
+                         else f"above our {precision} tolerance {tolerance:.3e}")
+        if check.lse_max_abs is not None:
+            if check.lse_mismatched or check.lse_max_abs > LSE_TOLERANCE:
+                wrong.append(f"LSE wrong: max abs err {check.lse_max_abs:.3e}, {check.lse_mismatched} rows not "
+                             f"finite where expected (or the reverse)")
+            else:
+                notes.append(f"LSE max abs err {check.lse_max_abs:.1e}")
+        if wrong and is_ours:
+            status = "error"
+            notes = ["wrong: " + "; ".join(wrong)] + notes
+            self.failures.append(f"{name} {precision} {problem.describe()}: {'; '.join(wrong)}")
+        else:
+            notes = wrong + notes
+        min_bytes = problem.minimum_bytes(precision)
+        self.row(name, problem, precision, ms_median=f"{ms_median:.6g}", ms_min=f"{ms_min:.6g}",
+                 tflops=f"{flops / (ms_median / 1e3) / 1e12:.6g}", gbps=f"{min_bytes / (ms_median / 1e3) / 1e9:.6g}",
+                 peak_bytes=peak_bytes, max_abs_err=f"{max_abs:.3e}", rel_l2_err=f"{check.rel_l2:.3e}", status=status,
+                 source_hash=source_hash, note="; ".join(notes))
+
+    def free_bytes(self) -> int:
+        return self.torch.cuda.mem_get_info()[0]
+
+    # ---- our stages ----------------------------------------------------------------------------
+    def run_stage(self, stage: Stage, problem: Problem, inputs) -> None:
+        torch, library = self.torch, self.library
+        name, precision = stage.id, stage.precision
+        q, k, v = inputs
+        reason = library.unsupported_reason(stage.id, problem)
+        if reason:
+            self.row(name, problem, precision, status="unsupported", source_hash=stage.source_hash,
+                     note=one_line(reason))
+            return
+        if self.should_skip(name, precision, problem):
+            return
+        workspace_bytes = library.workspace_bytes(stage.id, problem)
+        with_lse = stage.supports("lse")
+        io_bytes = 2 * (q.numel() + k.numel()) * q.element_size()  # Q, K, V, O (the LSE is only for the check)
+        try:
+            out = torch.empty_like(q)
+            lse = torch.empty(problem.lse_shape, dtype=torch.float32, device="cuda") if with_lse else None
+            workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device="cuda") if workspace_bytes else None
+        except torch.cuda.OutOfMemoryError:
+            out = lse = workspace = None
+            torch.cuda.empty_cache()
+            self.row(name, problem, precision, status="oom", peak_bytes=io_bytes + workspace_bytes,
+                     source_hash=stage.source_hash, note=f"{self.free_bytes()} bytes free")
+            return
+        out.fill_(float("nan"))  # poison: an element the stage never writes fails the check
+        if lse is not None:
+            lse.fill_(float("nan"))
+        stream = torch.cuda.current_stream()
+
+        def call():
+            library.forward(stage.id, problem, q, k, v, out, stream=stream, workspace=workspace)
+            return out
+
+        def checked_call():
+            library.forward(stage.id, problem, q, k, v, out, lse=lse, stream=stream, workspace=workspace)
+            return out, lse
+
+        try:
+            self.measured(name, precision, problem, inputs, call, io_bytes + workspace_bytes, stage.source_hash,
+                          is_ours=True, checked_call=checked_call if with_lse else None)
+        except FaError as error:
+            status = "unsupported" if error.status in (FA_INVALID_SHAPE, FA_UNSUPPORTED) else "error"
+            self.row(name, problem, precision, status=status, source_hash=stage.source_hash,
+                     note=one_line(f"{error.status_name}: {error.message}"))
+            if status == "error":
+                self.failures.append(f"{name} {precision} {problem.describe()}: {error.message}")
+                self.require_healthy_context()
+        except RuntimeError as error:  # a fault inside the kernel surfaces at the next synchronize
+            self.row(name, problem, precision, status="error", source_hash=stage.source_hash, note=one_line(error))
+            self.failures.append(f"{name} {precision} {problem.describe()}: {one_line(error)}")
+            self.require_healthy_context()
+
+    # ---- PyTorch -------------------------------------------------------------------------------
+    def run_peer(self, peer: str, problem: Problem, inputs, precision: str) -> None:
+        torch = self.torch
+        q, k, v = inputs
+        if self.should_skip(peer, precision, problem):
+            return
+        backend = PEERS[peer]
+        input_bytes = (q.numel() + 2 * k.numel()) * q.element_size()
+        try:
+            call = sdpa_call(torch, q, k, v, problem)
+        except ImportError as error:
+            self.row(peer, problem, precision, status="unsupported",
+                     note=one_line(f"PyTorch {torch.__version__} lacks causal_lower_right: {error}"))
+            return
+        context = self.sdpa_kernel(getattr(self.sdp_backend, backend)) if backend else _nothing()
+        with context:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    out = call()
+                    torch.cuda.synchronize()
+                except torch.cuda.OutOfMemoryError as error:
+                    torch.cuda.empty_cache()
+                    self.row(peer, problem, precision, status="oom", peak_bytes=input_bytes + oom_bytes(error),
+                             note=f"{self.free_bytes()} bytes free")
+                    return
+                except (RuntimeError, TypeError, ValueError) as error:  # TypeError: no enable_gqa before 2.5
+                    self.row(peer, problem, precision, status="unsupported",
+                             note=refusal_reason(caught, error, backend))
+                    self.require_healthy_context()
+                    return
+            peak = torch.cuda.max_memory_allocated() - base + input_bytes
+            del out
+            try:
+                self.measured(peer, precision, problem, inputs, call, peak, "", is_ours=False)
+            except torch.cuda.OutOfMemoryError as error:
+                torch.cuda.empty_cache()
+                self.row(peer, problem, precision, status="oom", peak_bytes=input_bytes + oom_bytes(error),
+                         note=f"{self.free_bytes()} bytes free")
+            except RuntimeError as error:
+                self.row(peer, problem, precision, status="error", note=one_line(error))
+                self.require_healthy_context()
+
+    def require_healthy_context(self) -> None:
+        """After a kernel fault the CUDA context is lost for everyone in this process: ContextLost."""
+        try:
+            self.torch.cuda.synchronize()
+        except RuntimeError as error:
+            raise ContextLost(f"the CUDA context is broken ({one_line(error)}); stopping") from None
+
+    # ---- the whole run -------------------------------------------------------------------------
+    def over_budget(self) -> bool:
+        return time.monotonic() - self.started > self.config.max_seconds
+
+    def run(self, problems: Sequence[Problem], stages: Sequence[Stage], peers: Sequence[str],
+            precisions: Sequence[str], causal_modes: Sequence[bool] = (False,)) -> None:
+        """Every problem in every precision, with each causal mode: our stages of that precision, then
+        the peers. Raises ContextLost after a kernel fault (the rows so far are written)."""
+        torch = self.torch
+        for peer in peers:
+            if peer not in PEERS:
+                raise ValueError(f"unknown peer '{peer}' (choose from {', '.join(PEERS)})")
+        pending = [(problem, p) for problem in problems for p in precisions]
+        for index, (problem, precision) in enumerate(pending):
+            if self.over_budget():
+                for left, left_precision in pending[index:]:
+                    self.skipped.append(f"{left.describe()} {left_precision}: past max-seconds "
+                                        f"{self.config.max_seconds}")
+                break
+            ours = [s for s in stages if s.precision == precision]
+            if not ours and not peers:
+                continue
+            self.print(f"{problem.describe()} {precision}")
+            torch.cuda.empty_cache()
+            try:
+                inputs = make_inputs(torch, problem, precision, self.config.seed)
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                self.skipped.append(f"{problem.describe()} {precision}: the inputs alone do not fit in device memory")
+                continue
+            for causal in causal_modes:
+                masked = problem.with_causal(causal)
+                for stage in ours:
+                    self.run_stage(stage, masked, inputs)
+                for peer in peers:
+                    self.run_peer(peer, masked, inputs, precision)
+            del inputs
+
+    def report(self, stream=None) -> None:
+        stream = stream or sys.stdout
+        where = f" to {self.out_path}" if self.out_path else ""
+        print(f"\n{self.rows_written} rows written{where} in {time.monotonic() - self.started:.0f} s", file=stream)
+        if self.skipped:
+            print(f"skipped (no row written) — {len(self.skipped)}:", file=stream)
+            for line in self.skipped:
+                print(f"  {line}", file=stream)
+        if self.failures:
+            print(f"FAILED — {len(self.failures)} of our rows:", file=stream)
+            for line in self.failures:
+                print(f"  {line}", file=stream)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+__all__ = ["PEERS", "DEFAULT_PEERS", "RunConfig", "TorchRunner", "TensorError", "ContextLost", "TorchUnavailable",
+           "check_tensors", "problem_of", "stage_forward", "sdpa_call", "compare_with_reference", "make_inputs",
+           "default_out", "precision_of"]

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Times every stage of two source trees on the same shapes, in one run on one GPU, interleaved
+# (before, after, before, after) so drift of the clocks falls on both alike:
+#
+#   scripts/compare_trees.sh BEFORE_TREE OUTDIR
+#
+# BEFORE_TREE is another checkout (e.g. `git worktree add --detach ../before <commit>`); this
+# repository is "after". Both are built for the local GPU (build-gpu inside each tree, reused when
+# present). Each stage runs with --csv; the table (OUTDIR/compare.txt) lists the median of the
+# rounds' medians per tree and after/before. Shapes: (4, 16, 4096, 128) plain and causal, and
+# (16, 16, 1024, 64).
+set -uo pipefail
+after=$(cd "$(dirname "$0")/.." && pwd)
+before=$(cd "${1:?usage: compare_trees.sh BEFORE_TREE OUTDIR}" && pwd)
+out=${2:?usage: compare_trees.sh BEFORE_TREE OUTDIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+
+build() {
+  local tree=$1 prefix=()
+  [ -d "$after/.deps/root/usr" ] && prefix=(-DCMAKE_PREFIX_PATH="$after/.deps/root/usr")
+  cmake -S "$tree" -B "$tree/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFA_BUILD_TESTS=OFF "${prefix[@]}" \
+    >"$out/build-$(basename "$tree").log" 2>&1 &&
+    cmake --build "$tree/build-gpu" -j "$(nproc)" >>"$out/build-$(basename "$tree").log" 2>&1
+}
+build "$before" || { echo "compare_trees: the before tree did not build (see $out)"; exit 1; }
+build "$after" || { echo "compare_trees: the after tree did not build (see $out)"; exit 1; }
+
+shapes=("4 16 4096 128" "4 16 4096 128 --causal" "16 16 1024 64")
+rm -f "$out"/before.csv "$out"/after.csv
+for stage in $(ls "$after/stages" | grep -E '^(0[2-9]|[1-9][0-9])_'); do
+  [ -x "$before/build-gpu/bin/$stage" ] && [ -x "$after/build-gpu/bin/$stage" ] || continue
+  rounds=3 reps=10 warmup=3
+  case $stage in 02_* | 03_* | 04_*) rounds=2 reps=3 warmup=1 ;; esac
+  for shape in "${shapes[@]}"; do
+    set -- $shape
+    for round in $(seq "$rounds"); do
+      for side in before after; do
+        tree=$([ $side = before ] && echo "$before" || echo "$after")
+        "$tree/build-gpu/bin/$stage" --batch "$1" --heads "$2" --seq "$3" --dim "$4" "${@:5}" --warmup $warmup \
+          --reps $reps --check-rows 16 --csv "$out/$side.csv" >>"$out/runs.log" 2>&1 ||
+          echo "compare_trees: $side $stage $shape round $round failed" | tee -a "$out/runs.log"
+      done
+    done
+  done
+done
+
+python3 - "$out" <<'PY' | tee "$out/compare.txt"
+import csv, statistics, sys
+out = sys.argv[1]
+def rows(side):
+    with open(f"{out}/{side}.csv", newline="") as handle:
+        for row in csv.DictReader(handle):
+            heads = row.get("Hq", row.get("H"))
+            seq = row.get("Nq", row.get("N"))
+            yield (row["stage"], row["dtype"], row["B"], heads, seq, row["D"], row["causal"]), row
+times = {}
+for side in ("before", "after"):
+    for key, row in rows(side):
+        if row["status"] == "ok":
+            times.setdefault(key, {}).setdefault(side, []).append(float(row["ms_median"]))
+print(f"{'stage':20} {'dtype':5} {'B,H,N,D':16} {'causal':6} {'before ms':>10} {'after ms':>10} {'after/before':>12}")
+for key in sorted(times):
+    sides = times[key]
+    if "before" not in sides or "after" not in sides:
+        print(f"{key[0]:20} {key[1]:5} missing a side: {sorted(sides)}")
+        continue
+    b, a = statistics.median(sides["before"]), statistics.median(sides["after"])
+    spread = max(sides["before"]) / min(sides["before"])
+    print(f"{key[0]:20} {key[1]:5} {','.join(key[2:6]):16} {key[6]:6} {b:10.3f} {a:10.3f} {a / b:12.3f}"
+          f"   (before's own spread {spread:.3f})")
+PY

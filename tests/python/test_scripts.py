@@ -1,0 +1,84 @@
+"""The scripts that use the package, where they run without a GPU: traffic.py's prediction and
+summarize_results.py's table."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import _support
+from fa_course import Problem, capi, results
+
+SCRIPTS = os.path.join(_support.REPO, "scripts")
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(f"script_{name}", os.path.join(SCRIPTS, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def stage(folder, kv_passes):
+    return capi.Stage(id=folder, title="", backend="cuda", precision="fp32", max_dim=256, architecture="sm_75+",
+                      min_compute_capability=75, feature_flags=0, kv_passes=kv_passes, source_hash="")
+
+
+class TrafficPrediction(unittest.TestCase):
+    def setUp(self):
+        self.traffic = load_script("traffic")
+        self.smem = 233472  # an H200's shared memory per SM
+
+    def test_the_paper_formulas_per_head(self):
+        problem = Problem.square(4, 16, 4096, 128)
+        e, n, d, heads = 4, 4096, 128, 64
+        rows = min(-(-(self.smem // e) // (4 * d)), d)  # Br = min(ceil(M / 4d), d)
+        blocks = -(-n // rows)
+        self.assertEqual(self.traffic.predicted_bytes(stage("04_online_softmax", 1.0), problem, e, self.smem),
+                         heads * e * (2 * n * d + blocks * 2 * n * d))
+        self.assertEqual(self.traffic.predicted_bytes(stage("03_tiled_smem", 2.0), problem, e, self.smem),
+                         heads * e * (2 * n * d + blocks * 4 * n * d))
+        self.assertEqual(self.traffic.predicted_bytes(stage("02_naive_gpu", 1.0), problem, e, self.smem),
+                         heads * e * (4 * n * d + 4 * n * n))
+
+    def test_the_values_of_the_measured_data_set(self):
+        # plots/data/NVIDIA_H200/traffic.csv of the first part of the course, at (4, 16, 4096, 128) FP32
+        problem = Problem.square(4, 16, 4096, 128)
+        self.assertEqual(self.traffic.predicted_bytes(stage("02_naive_gpu", 1.0), problem, 4, self.smem), 17716740096)
+        self.assertEqual(self.traffic.predicted_bytes(stage("03_tiled_smem", 2.0), problem, 4, self.smem), 19595788288)
+
+    def test_general_shapes(self):
+        problem = Problem(1, 32, 8, 16, 4096, 128)
+        e, d = 2, 128
+        rows = min(-(-(self.smem // e) // (4 * d)), d)
+        expected = 32 * e * (2 * 16 * d + -(-16 // rows) * 2 * 4096 * d)
+        self.assertEqual(self.traffic.predicted_bytes(stage("12_split_kv", 1.0), problem, e, self.smem), expected)
+
+
+class Summary(unittest.TestCase):
+    def test_a_legacy_file_and_a_current_one(self):
+        legacy = ("stage,gpu,B,H,N,D,dtype,causal,ms_median,ms_min,tflops,gbps,peak_bytes,max_abs_err,rel_l2_err,"
+                  "status,source_hash,note\n"
+                  "05_float4,G,4,16,4096,128,fp32,0,14.3,14.2,38.4,1,1,1e-7,1e-7,ok,abc,\n"
+                  "05_float4,G,4,16,4096,128,fp32,1,8.0,8.0,34.4,1,1,1e-7,1e-7,ok,abc,\n")
+        with tempfile.TemporaryDirectory() as folder:
+            old = os.path.join(folder, "old.csv")
+            with open(old, "w") as handle:
+                handle.write(legacy)
+            new = os.path.join(folder, "new.csv")
+            row = results.make_row(stage="08_mma_registers", gpu="G", dtype="fp16", status="ok", tflops=100.0,
+                                   ms_median=1.0, **{"pass": "fwd"}, **Problem(1, 32, 8, 4, 4096, 128).row_fields())
+            results.write_results(new, [row])
+            for path, expect in ((old, ["4x16x4096x128 ", "38.40", "causal / non-causal", "0.56"]),
+                                 (new, ["1x32/8x4/4096x128", "100.00"])):
+                done = subprocess.run([sys.executable, os.path.join(SCRIPTS, "summarize_results.py"), path],
+                                      capture_output=True, text=True)
+                self.assertEqual(done.returncode, 0, done.stderr)
+                for text in expect:
+                    self.assertIn(text, done.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
