@@ -1,55 +1,93 @@
 // The C ABI of fa_capi.h: looks the stage up in the registry, checks everything a caller from
-// another language can get wrong (it cannot see our C++ types), and calls the stage's forward.
-// No exception and no CUDA error escapes: each becomes a status code and fa_last_error().
+// another language can get wrong (it cannot see our C++ types), and calls the stage's forward or
+// backward pass. No exception and no CUDA error escapes: each becomes a status code and
+// fa_last_error().
+//
+// Every call goes through the same steps, in this order, so that what needs no GPU is decided
+// without one:
+//   1. the stage id and the size-prefixed structs (read_struct: FA_INVALID_ARGUMENT, or
+//      FA_UNSUPPORTED for a nonzero field past what this library knows);
+//   2. the problem against the stage (fa::unsupported_reason, the harness's one place for it):
+//      FA_INVALID_SHAPE when validate_problem refuses a size, FA_UNSUPPORTED for a feature the
+//      stage does not have (causal, GQA, Nq != Nk, the LSE, the backward pass);
+//   3. NULL pointers (FA_INVALID_ARGUMENT);
+//   4. the GPU (CUDA stages): none is FA_CUDA_ERROR, a wrong architecture FA_UNSUPPORTED;
+//   5. where each pointer lives (host or device, and which device): FA_INVALID_ARGUMENT;
+//   6. the stage itself: its Status becomes FA_OK, FA_UNSUPPORTED or FA_CUDA_ERROR.
 #include "fa_capi.h"
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "fa/cuda_check.hpp"
 #include "fa/metrics.hpp"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
 #include "fa/stages.hpp"
 
+// The layouts the header documents (LP64). A failure here means the header changed a layout that
+// callers (ctypes mirrors included) depend on.
+static_assert(sizeof(fa_problem) == FA_PROBLEM_SIZE_V2, "fa_problem changed size");
+static_assert(offsetof(fa_problem, batch) == 8 && offsetof(fa_problem, dim) == 48 && offsetof(fa_problem, causal) == 56,
+              "fa_problem changed layout");
+static_assert(sizeof(fa_forward_args) == FA_FORWARD_ARGS_SIZE_V2, "fa_forward_args changed size");
+static_assert(offsetof(fa_forward_args, problem) == 8 && offsetof(fa_forward_args, lse) == 48 &&
+                  offsetof(fa_forward_args, stream) == 64,
+              "fa_forward_args changed layout");
+static_assert(sizeof(fa_backward_args) == FA_BACKWARD_ARGS_SIZE_V2, "fa_backward_args changed size");
+static_assert(offsetof(fa_backward_args, problem) == 8 && offsetof(fa_backward_args, lse) == 56 &&
+                  offsetof(fa_backward_args, stream) == 96,
+              "fa_backward_args changed layout");
+
 namespace {
+
+constexpr int kAbiVersion = 2;
+
+// A struct size beyond this is not a newer header's struct but an unset `size` field; reading
+// that many bytes of the caller's memory could fault.
+constexpr uint32_t kMaxStructSize = 4096;
 
 thread_local std::string last_error;
 
-int fail(int status, std::string message) {
+// Records why (moving a string cannot throw) and returns the status.
+int fail(int status, std::string message) noexcept {
   last_error = std::move(message);
   return status;
 }
 
-const std::vector<fa::StageDescriptor>& registry() {
-  static const std::vector<fa::StageDescriptor> stages = fa::stages::all();
-  return stages;
-}
+// One registry entry: the descriptor and the names the C ABI hands out for it.
+struct Entry {
+  fa::StageDescriptor stage;
+  std::string key;           // "id", or "id/precision" for a second descriptor of the same stage
+  std::string architecture;  // fa::architecture_name
+};
 
-// The name a stage goes by here: its id, or "id/precision" for a second descriptor of the same
-// stage in another precision (e.g. "07_fp16_pipelined/bf16").
-const std::vector<std::string>& stage_keys() {
-  static const std::vector<std::string> keys = [] {
-    std::vector<std::string> names;
-    for (std::size_t i = 0; i < registry().size(); ++i) {
-      const fa::StageDescriptor& stage = registry()[i];
-      const bool repeated = i > 0 && std::strcmp(registry()[i - 1].id, stage.id) == 0;
-      names.push_back(repeated ? std::string(stage.id) + "/" + fa::precision_name(stage.precision) : stage.id);
+// Built once (thread-safe); may throw only while being built (out of memory).
+const std::vector<Entry>& entries() {
+  static const std::vector<Entry> table = [] {
+    std::vector<Entry> built;
+    for (const fa::StageDescriptor& stage : fa::stages::all()) {
+      const bool repeated = !built.empty() && std::strcmp(built.back().stage.id, stage.id) == 0;
+      std::string key = repeated ? std::string(stage.id) + "/" + fa::precision_name(stage.precision) : stage.id;
+      built.push_back(Entry{stage, std::move(key), fa::architecture_name(stage)});
     }
-    return names;
+    return built;
   }();
-  return keys;
+  return table;
 }
 
-const fa::StageDescriptor* find_stage(const char* stage_id) noexcept {
+const Entry* find_entry(const char* stage_id) noexcept {
   if (stage_id == nullptr) return nullptr;
   try {
-    for (std::size_t i = 0; i < registry().size(); ++i) {
-      if (stage_keys()[i] == stage_id) return &registry()[i];
+    for (const Entry& entry : entries()) {
+      if (entry.key == stage_id) return &entry;
     }
   } catch (...) {
     // the registry could not be built (out of memory): no stage can be found
@@ -57,28 +95,120 @@ const fa::StageDescriptor* find_stage(const char* stage_id) noexcept {
   return nullptr;
 }
 
+const fa::StageDescriptor* find_stage(const char* stage_id) noexcept {
+  const Entry* entry = find_entry(stage_id);
+  return entry != nullptr ? &entry->stage : nullptr;
+}
+
+// The stage for `stage_id`, or null with the status in `status`.
+const Entry* lookup(const char* call, const char* stage_id, int& status) {
+  if (stage_id == nullptr) {
+    status = fail(FA_INVALID_ARGUMENT, std::string(call) + ": stage_id is NULL");
+    return nullptr;
+  }
+  const Entry* entry = find_entry(stage_id);
+  if (entry == nullptr) {
+    status = fail(FA_UNKNOWN_STAGE, std::string(call) + ": unknown stage '" + stage_id +
+                                        "' (fa_stage_id lists the stages of this library)");
+  }
+  return entry;
+}
+
 std::string cuda_message(const char* what, cudaError_t code) {
   return std::string(what) + ": " + cudaGetErrorName(code) + " (" + cudaGetErrorString(code) + ")";
 }
 
-// Finds the stage and checks the problem against it; on failure records why.
-int prepare(const char* stage_id, int64_t batch, int64_t heads, int64_t seq, int64_t dim, int causal,
-            const fa::StageDescriptor*& stage, fa::Shape& shape) {
-  stage = find_stage(stage_id);
-  if (stage == nullptr) {
-    return fail(FA_UNKNOWN_STAGE, std::string("unknown stage '") + (stage_id ? stage_id : "(null)") + "'");
+// Copies a caller's size-prefixed struct into `out` by the rule of fa_capi.h: at least
+// `minimum` bytes (the struct's version-2 size); the bytes we know are copied into a zeroed
+// local; bytes past them (a newer caller's fields) must be zero.
+template <typename Struct>
+int read_struct(const char* call, const char* name, const void* from, uint32_t minimum, Struct& out) {
+  if (from == nullptr) return fail(FA_INVALID_ARGUMENT, std::string(call) + ": " + name + " is NULL");
+  uint32_t size = 0;
+  std::memcpy(&size, from, sizeof(size));
+  if (size < minimum) {
+    return fail(FA_INVALID_ARGUMENT, std::string(call) + ": " + name + "->size is " + std::to_string(size) +
+                                         ", less than the " + std::to_string(minimum) +
+                                         " bytes of ABI version 2 (set size = sizeof the struct)");
   }
-  if (causal != 0 && !stage->supports_causal) {
-    return fail(FA_UNSUPPORTED, std::string(stage->id) + ": this stage has no causal masking");
+  if (size > kMaxStructSize) {
+    return fail(FA_INVALID_ARGUMENT, std::string(call) + ": " + name + "->size is " + std::to_string(size) +
+                                         ", more than any version of the struct (was size set?)");
   }
-  shape = fa::Shape{batch, heads, seq, dim, causal != 0};
-  const std::string problem = fa::validate_shape(shape, stage->max_dim);
-  if (!problem.empty()) return fail(FA_INVALID_SHAPE, std::string(stage->id) + ": " + problem);
+  std::memset(static_cast<void*>(&out), 0, sizeof(out));
+  std::memcpy(static_cast<void*>(&out), from, std::min<std::size_t>(size, sizeof(out)));
+  const unsigned char* bytes = static_cast<const unsigned char*>(from);
+  for (std::size_t i = sizeof(out); i < size; ++i) {
+    if (bytes[i] != 0) {
+      return fail(FA_UNSUPPORTED, std::string(call) + ": " + name + " sets byte " + std::to_string(i) +
+                                      ", a field newer than this library (ABI version " + std::to_string(kAbiVersion) +
+                                      ", " + std::to_string(sizeof(out)) +
+                                      " bytes): update libfa_capi, or leave that field zero");
+    }
+  }
   return FA_OK;
 }
 
-// A GPU too old for the stage is refused here, before its kernels could fail to launch.
-int check_device(const fa::StageDescriptor& stage, int& device) {
+// Reads the caller's fa_problem into an fa::Problem.
+int read_problem(const char* call, const fa_problem* from, fa::Problem& problem) {
+  fa_problem raw;
+  if (const int status = read_struct(call, "problem", from, FA_PROBLEM_SIZE_V2, raw); status != FA_OK) return status;
+  if (raw.causal != 0 && raw.causal != 1) {
+    return fail(FA_INVALID_ARGUMENT,
+                std::string(call) + ": problem->causal is " + std::to_string(raw.causal) + "; it must be 0 or 1");
+  }
+  problem.batch = raw.batch;
+  problem.q_heads = raw.q_heads;
+  problem.kv_heads = raw.kv_heads;
+  problem.q_seq = raw.q_seq;
+  problem.kv_seq = raw.kv_seq;
+  problem.dim = raw.dim;
+  problem.causal = raw.causal == 1;
+  return FA_OK;
+}
+
+// The harness's one place for what a stage takes: a size it refuses is FA_INVALID_SHAPE, a
+// feature it does not have FA_UNSUPPORTED. Needs no GPU.
+int check_problem(const fa::StageDescriptor& stage, const fa::Problem& problem, bool wants_lse, fa::Pass pass) {
+  const std::string why = fa::unsupported_reason(stage, problem, wants_lse, pass);
+  if (why.empty()) return FA_OK;
+  return fail(fa::validate_problem(problem, stage.max_dim).empty() ? FA_UNSUPPORTED : FA_INVALID_SHAPE, why);
+}
+
+int check_pass(const char* call, int pass) {
+  if (pass == FA_PASS_FORWARD || pass == FA_PASS_BACKWARD) return FA_OK;
+  return fail(FA_INVALID_ARGUMENT, std::string(call) + ": pass is " + std::to_string(pass) +
+                                       "; it must be FA_PASS_FORWARD (0) or FA_PASS_BACKWARD (1)");
+}
+
+int64_t workspace_for(const fa::StageDescriptor& stage, const fa::Problem& problem, fa::Pass pass, int& status) {
+  const int64_t bytes = fa::workspace_bytes(stage, problem, pass);
+  status = bytes >= 0
+               ? FA_OK
+               : fail(FA_INTERNAL_ERROR, std::string("stage ") + stage.id + ": its workspace function returned " +
+                                             std::to_string(bytes) + " bytes for " + fa::describe(problem));
+  return bytes;
+}
+
+// A pointer the call needs and a name for messages.
+struct Tensor {
+  const char* name;
+  const void* pointer;
+};
+
+int check_not_null(const fa::StageDescriptor& stage, const std::vector<Tensor>& tensors) {
+  for (const Tensor& tensor : tensors) {
+    if (tensor.pointer == nullptr) {
+      return fail(FA_INVALID_ARGUMENT, std::string("stage ") + stage.id + ": " + tensor.name + " is NULL");
+    }
+  }
+  return FA_OK;
+}
+
+// A CUDA stage runs on the current device, which must exist and have the stage's architecture:
+// its compute capability or newer, or exactly that one for an sm_90a-style stage. Checked here,
+// before the stage's kernels could fail to launch or load.
+int check_device(const Entry& entry, int& device) {
   int major = 0;
   int minor = 0;
   cudaError_t code = cudaGetDevice(&device);
@@ -86,14 +216,19 @@ int check_device(const fa::StageDescriptor& stage, int& device) {
   if (code == cudaSuccess) code = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (code != cudaSuccess) {
     cudaGetLastError();  // not sticky: leave no stale error for the stage's launch checks
-    return fail(FA_CUDA_ERROR, std::string(stage.id) + ": " + cuda_message("no usable CUDA device", code));
+    return fail(FA_CUDA_ERROR,
+                std::string("stage ") + entry.stage.id + ": " + cuda_message("no usable CUDA device", code));
   }
+  const fa::Architecture& architecture = entry.stage.architecture;
   const int capability = 10 * major + minor;
-  if (capability < stage.min_compute_capability) {
-    return fail(FA_UNSUPPORTED, std::string(stage.id) + " needs compute capability " +
-                                    std::to_string(stage.min_compute_capability / 10) + "." +
-                                    std::to_string(stage.min_compute_capability % 10) + "; device " +
-                                    std::to_string(device) + " has " + std::to_string(major) + "." +
+  const bool runs = architecture.exact ? capability == architecture.compute_capability
+                                       : capability >= architecture.compute_capability;
+  if (!runs) {
+    const std::string needed = std::to_string(architecture.compute_capability / 10) + "." +
+                               std::to_string(architecture.compute_capability % 10);
+    return fail(FA_UNSUPPORTED, std::string("stage ") + entry.stage.id + " needs " + entry.architecture +
+                                    " (compute capability " + needed + (architecture.exact ? " exactly" : " or newer") +
+                                    "); device " + std::to_string(device) + " has " + std::to_string(major) + "." +
                                     std::to_string(minor));
   }
   return FA_OK;
@@ -102,92 +237,261 @@ int check_device(const fa::StageDescriptor& stage, int& device) {
 // A host pointer handed to a kernel (or a device pointer to the CPU loop) would crash the
 // process or poison the CUDA context for everyone in it; the driver knows which is which.
 // `device` is the current device (CUDA stages only).
-int check_pointer(const fa::StageDescriptor& stage, int device, const char* name, const void* pointer) {
-  if (pointer == nullptr) return fail(FA_INVALID_ARGUMENT, std::string(stage.id) + ": " + name + " is NULL");
+int check_pointer(const fa::StageDescriptor& stage, int device, const Tensor& tensor) {
+  const std::string prefix = std::string("stage ") + stage.id;
   cudaPointerAttributes attributes{};
-  const cudaError_t code = cudaPointerGetAttributes(&attributes, pointer);
+  const cudaError_t code = cudaPointerGetAttributes(&attributes, tensor.pointer);
   if (code != cudaSuccess) {
     cudaGetLastError();
     // Without a usable driver no device memory exists, so the pointer is host memory.
     if (stage.backend == fa::Backend::cpu) return FA_OK;
-    return fail(FA_CUDA_ERROR, std::string(stage.id) + ": " + cuda_message(name, code));
+    return fail(FA_CUDA_ERROR, prefix + ": " + cuda_message(tensor.name, code));
   }
   if (stage.backend == fa::Backend::cpu) {
     if (attributes.type != cudaMemoryTypeDevice) return FA_OK;
     return fail(FA_INVALID_ARGUMENT,
-                std::string(stage.id) + " runs on the CPU: " + name + " must be host memory, not device memory");
+                prefix + " runs on the CPU: " + tensor.name + " must be host memory, not device memory");
   }
   if (attributes.type == cudaMemoryTypeUnregistered) {
     return fail(FA_INVALID_ARGUMENT,
-                std::string(stage.id) + " runs on the GPU: " + name + " is host memory, not device memory");
+                prefix + " runs on the GPU: " + tensor.name + " is host memory, not device memory");
   }
   if (attributes.type == cudaMemoryTypeDevice && attributes.device != device) {
-    return fail(FA_INVALID_ARGUMENT, std::string(stage.id) + ": " + name + " lives on device " +
+    return fail(FA_INVALID_ARGUMENT, prefix + ": " + tensor.name + " lives on device " +
                                          std::to_string(attributes.device) + ", the current device is " +
                                          std::to_string(device));
   }
   return FA_OK;
 }
 
-int forward(const char* stage_id, int64_t batch, int64_t heads, int64_t seq, int64_t dim, int causal, const void* q,
-            const void* k, const void* v, void* o, void* workspace, void* stream) {
-  const fa::StageDescriptor* stage = nullptr;
-  fa::Shape shape;
-  int status = prepare(stage_id, batch, heads, seq, dim, causal, stage, shape);
-  if (status != FA_OK) return status;
+// Steps 3 to 5 of the file comment, for the pointers of one call.
+int check_memory(const Entry& entry, const std::vector<Tensor>& tensors) {
+  if (const int status = check_not_null(entry.stage, tensors); status != FA_OK) return status;
   int device = -1;
-  if (stage->backend == fa::Backend::cuda && (status = check_device(*stage, device)) != FA_OK) return status;
-
-  const void* tensors[] = {q, k, v, o};
-  const char* names[] = {"q", "k", "v", "o"};
-  for (int i = 0; i < 4; ++i) {
-    if ((status = check_pointer(*stage, device, names[i], tensors[i])) != FA_OK) return status;
+  if (entry.stage.backend == fa::Backend::cuda) {
+    if (const int status = check_device(entry, device); status != FA_OK) return status;
   }
-  if (fa::workspace_bytes(*stage, shape) > 0 &&
-      (status = check_pointer(*stage, device, "workspace", workspace)) != FA_OK) {
-    return status;
+  for (const Tensor& tensor : tensors) {
+    if (const int status = check_pointer(entry.stage, device, tensor); status != FA_OK) return status;
   }
-
-  cudaGetLastError();  // the stage's launch checks must see only its own launches
-  const cudaError_t code = stage->forward(shape, q, k, v, o, workspace, static_cast<cudaStream_t>(stream));
-  if (code != cudaSuccess) return fail(FA_CUDA_ERROR, std::string(stage->id) + ": " + cuda_message("forward", code));
+  if (entry.stage.backend == fa::Backend::cuda) cudaGetLastError();  // the stage's checks see only its own launches
   return FA_OK;
+}
+
+// Step 6: the stage's Status as an fa_status.
+int finish(const fa::StageDescriptor& stage, const char* pass, const fa::Status& status) {
+  const std::string prefix = std::string("stage ") + stage.id;
+  switch (status.code()) {
+    case fa::Status::Code::ok:
+      return FA_OK;
+    case fa::Status::Code::unsupported: {
+      const std::string& reason = status.reason();
+      return fail(FA_UNSUPPORTED, reason.find(stage.id) != std::string::npos ? reason : prefix + ": " + reason);
+    }
+    case fa::Status::Code::cuda_error:
+      return fail(FA_CUDA_ERROR, prefix + ": " + cuda_message(pass, status.cuda_error()));
+  }
+  return fail(FA_INTERNAL_ERROR, prefix + ": " + pass + " returned an unknown status");
+}
+
+// `call` names the entry point in messages (a version-1 call reports under its own name).
+int64_t workspace_bytes_v2(const char* call, const char* stage_id, const fa_problem* raw_problem, int pass) {
+  int status = FA_OK;
+  const Entry* entry = lookup(call, stage_id, status);
+  if (entry == nullptr) return -1;
+  fa::Problem problem;
+  if (read_problem(call, raw_problem, problem) != FA_OK || check_pass(call, pass) != FA_OK) return -1;
+  const fa::Pass which = pass == FA_PASS_BACKWARD ? fa::Pass::backward : fa::Pass::forward;
+  if (check_problem(entry->stage, problem, false, which) != FA_OK) return -1;
+  const int64_t bytes = workspace_for(entry->stage, problem, which, status);
+  return status == FA_OK ? bytes : -1;
+}
+
+int forward_v2(const char* call, const char* stage_id, const fa_forward_args* raw_args) {
+  int status = FA_OK;
+  const Entry* entry = lookup(call, stage_id, status);
+  if (entry == nullptr) return status;
+  const fa::StageDescriptor& stage = entry->stage;
+  fa_forward_args raw;
+  if ((status = read_struct(call, "args", raw_args, FA_FORWARD_ARGS_SIZE_V2, raw)) != FA_OK) return status;
+  fa::ForwardArgs args;
+  if ((status = read_problem(call, raw.problem, args.problem)) != FA_OK) return status;
+  if ((status = check_problem(stage, args.problem, raw.lse != nullptr, fa::Pass::forward)) != FA_OK) return status;
+  if (stage.forward == nullptr)
+    return fail(FA_INTERNAL_ERROR, std::string("stage ") + stage.id + " has no forward pass");
+
+  std::vector<Tensor> tensors = {{"q", raw.q}, {"k", raw.k}, {"v", raw.v}, {"o", raw.o}};
+  if (raw.lse != nullptr) tensors.push_back({"lse", raw.lse});
+  const int64_t workspace = workspace_for(stage, args.problem, fa::Pass::forward, status);
+  if (status != FA_OK) return status;
+  if (workspace > 0) tensors.push_back({"workspace", raw.workspace});
+  if ((status = check_memory(*entry, tensors)) != FA_OK) return status;
+
+  args.q = raw.q;
+  args.k = raw.k;
+  args.v = raw.v;
+  args.o = raw.o;
+  args.lse = raw.lse;
+  args.workspace = raw.workspace;
+  args.stream = static_cast<cudaStream_t>(raw.stream);
+  return finish(stage, "forward", stage.forward(args));
+}
+
+int backward_v2(const char* call, const char* stage_id, const fa_backward_args* raw_args) {
+  int status = FA_OK;
+  const Entry* entry = lookup(call, stage_id, status);
+  if (entry == nullptr) return status;
+  const fa::StageDescriptor& stage = entry->stage;
+  fa_backward_args raw;
+  if ((status = read_struct(call, "args", raw_args, FA_BACKWARD_ARGS_SIZE_V2, raw)) != FA_OK) return status;
+  fa::BackwardArgs args;
+  if ((status = read_problem(call, raw.problem, args.problem)) != FA_OK) return status;
+  if ((status = check_problem(stage, args.problem, false, fa::Pass::backward)) != FA_OK) return status;
+  if (stage.backward == nullptr) {
+    return fail(FA_INTERNAL_ERROR, std::string("stage ") + stage.id + " declares a backward pass but has none");
+  }
+
+  std::vector<Tensor> tensors = {{"q", raw.q},           {"k", raw.k},           {"v", raw.v},
+                                 {"o", raw.o},           {"grad_o", raw.grad_o}, {"lse", raw.lse},
+                                 {"grad_q", raw.grad_q}, {"grad_k", raw.grad_k}, {"grad_v", raw.grad_v}};
+  const int64_t workspace = workspace_for(stage, args.problem, fa::Pass::backward, status);
+  if (status != FA_OK) return status;
+  if (workspace > 0) tensors.push_back({"workspace", raw.workspace});
+  if ((status = check_memory(*entry, tensors)) != FA_OK) return status;
+
+  args.q = raw.q;
+  args.k = raw.k;
+  args.v = raw.v;
+  args.o = raw.o;
+  args.grad_o = raw.grad_o;
+  args.lse = raw.lse;
+  args.grad_q = raw.grad_q;
+  args.grad_k = raw.grad_k;
+  args.grad_v = raw.grad_v;
+  args.workspace = raw.workspace;
+  args.stream = static_cast<cudaStream_t>(raw.stream);
+  return finish(stage, "backward", stage.backward(args));
+}
+
+// Called in a catch block: records the exception in flight and returns its status, FA_CUDA_ERROR
+// for a CUDA error the harness threw (fa::CudaError), else FA_INTERNAL_ERROR.
+int status_of_current_exception() noexcept {
+  int status = FA_INTERNAL_ERROR;
+  const char* what = "unknown exception";
+  try {
+    throw;
+  } catch (const fa::CudaError& error) {
+    status = FA_CUDA_ERROR;
+    what = error.what();
+  } catch (const std::exception& error) {
+    what = error.what();
+  } catch (...) {
+  }
+  try {
+    last_error = what;
+  } catch (...) {
+    last_error.clear();  // out of memory for the message: the status still says what kind
+  }
+  return status;
+}
+
+fa_problem square_problem(int64_t batch, int64_t heads, int64_t seq, int64_t dim, int causal) {
+  fa_problem problem;
+  fa_init_problem(&problem);
+  problem.batch = batch;
+  problem.q_heads = heads;
+  problem.kv_heads = heads;
+  problem.q_seq = seq;
+  problem.kv_seq = seq;
+  problem.dim = dim;
+  problem.causal = causal != 0 ? 1 : 0;
+  return problem;
+}
+
+int64_t guarded_workspace_bytes(const char* call, const char* stage_id, const fa_problem* problem, int pass) noexcept {
+  last_error.clear();
+  try {
+    return workspace_bytes_v2(call, stage_id, problem, pass);
+  } catch (...) {
+    status_of_current_exception();
+    return -1;
+  }
+}
+
+int guarded_forward(const char* call, const char* stage_id, const fa_forward_args* args) noexcept {
+  last_error.clear();
+  try {
+    return forward_v2(call, stage_id, args);
+  } catch (...) {
+    return status_of_current_exception();
+  }
 }
 
 }  // namespace
 
 extern "C" {
 
-int64_t fa_workspace_bytes(const char* stage_id, int64_t batch, int64_t heads, int64_t seq, int64_t dim, int causal) {
+int fa_abi_version(void) { return kAbiVersion; }
+
+int64_t fa_workspace_bytes_v2(const char* stage_id, const fa_problem* problem, int pass) {
+  return guarded_workspace_bytes("fa_workspace_bytes_v2", stage_id, problem, pass);
+}
+
+int fa_forward_v2(const char* stage_id, const fa_forward_args* args) {
+  return guarded_forward("fa_forward_v2", stage_id, args);
+}
+
+int fa_backward_v2(const char* stage_id, const fa_backward_args* args) {
   last_error.clear();
   try {
-    const fa::StageDescriptor* stage = nullptr;
-    fa::Shape shape;
-    if (prepare(stage_id, batch, heads, seq, dim, causal, stage, shape) != FA_OK) return -1;
-    return fa::workspace_bytes(*stage, shape);
-  } catch (const std::exception& error) {
-    fail(FA_INTERNAL_ERROR, error.what());
+    return backward_v2("fa_backward_v2", stage_id, args);
   } catch (...) {
-    fail(FA_INTERNAL_ERROR, "unknown exception");
+    return status_of_current_exception();
   }
-  return -1;
+}
+
+int64_t fa_workspace_bytes(const char* stage_id, int64_t batch, int64_t heads, int64_t seq, int64_t dim, int causal) {
+  const fa_problem problem = square_problem(batch, heads, seq, dim, causal);
+  return guarded_workspace_bytes("fa_workspace_bytes", stage_id, &problem, FA_PASS_FORWARD);
 }
 
 int fa_forward(const char* stage_id, int64_t batch, int64_t heads, int64_t seq, int64_t dim, int causal, const void* q,
                const void* k, const void* v, void* o, void* workspace, void* stream) {
-  last_error.clear();
-  try {
-    return forward(stage_id, batch, heads, seq, dim, causal, q, k, v, o, workspace, stream);
-  } catch (const std::exception& error) {
-    return fail(FA_INTERNAL_ERROR, error.what());
-  } catch (...) {
-    return fail(FA_INTERNAL_ERROR, "unknown exception");
-  }
+  const fa_problem problem = square_problem(batch, heads, seq, dim, causal);
+  fa_forward_args args;
+  fa_init_forward_args(&args);
+  args.problem = &problem;
+  args.q = q;
+  args.k = k;
+  args.v = v;
+  args.o = o;
+  args.workspace = workspace;
+  args.stream = stream;
+  return guarded_forward("fa_forward", stage_id, &args);
+}
+
+int fa_stage_features(const char* stage_id) {
+  const fa::StageDescriptor* stage = find_stage(stage_id);
+  if (stage == nullptr) return -1;
+  const fa::Features& features = stage->features;
+  return (features.causal ? FA_FEATURE_CAUSAL : 0) | (features.grouped ? FA_FEATURE_GROUPED : 0) |
+         (features.rectangular ? FA_FEATURE_RECTANGULAR : 0) | (features.lse ? FA_FEATURE_LSE : 0) |
+         (features.backward ? FA_FEATURE_BACKWARD : 0);
+}
+
+const char* fa_stage_architecture(const char* stage_id) {
+  const Entry* entry = find_entry(stage_id);
+  return entry != nullptr ? entry->architecture.c_str() : nullptr;
+}
+
+double fa_stage_kv_passes(const char* stage_id) {
+  const fa::StageDescriptor* stage = find_stage(stage_id);
+  return stage != nullptr ? stage->kv_passes : -1.0;
 }
 
 int fa_stage_count(void) {
   try {
-    return static_cast<int>(registry().size());
+    return static_cast<int>(entries().size());
   } catch (...) {
     return 0;  // the registry could not be built (out of memory): no stages to offer
   }
@@ -195,12 +499,12 @@ int fa_stage_count(void) {
 
 const char* fa_stage_id(int index) {
   if (index < 0 || index >= fa_stage_count()) return nullptr;
-  return stage_keys()[static_cast<std::size_t>(index)].c_str();
+  return entries()[static_cast<std::size_t>(index)].key.c_str();  // built by fa_stage_count: cannot throw
 }
 
 const char* fa_stage_title(const char* stage_id) {
   const fa::StageDescriptor* stage = find_stage(stage_id);
-  return stage ? stage->title : nullptr;
+  return stage != nullptr ? stage->title : nullptr;
 }
 
 const char* fa_stage_backend(const char* stage_id) {
@@ -211,28 +515,33 @@ const char* fa_stage_backend(const char* stage_id) {
 
 const char* fa_stage_precision(const char* stage_id) {
   const fa::StageDescriptor* stage = find_stage(stage_id);
-  return stage ? fa::precision_name(stage->precision) : nullptr;
+  return stage != nullptr ? fa::precision_name(stage->precision) : nullptr;
 }
 
 const char* fa_stage_source_hash(const char* stage_id) {
   const fa::StageDescriptor* stage = find_stage(stage_id);
-  return stage ? stage->source_hash : nullptr;
+  return stage != nullptr ? stage->source_hash : nullptr;
 }
 
 int64_t fa_stage_max_dim(const char* stage_id) {
   const fa::StageDescriptor* stage = find_stage(stage_id);
-  return stage ? stage->max_dim : -1;
+  return stage != nullptr ? stage->max_dim : -1;
 }
 
 int fa_stage_min_compute_capability(const char* stage_id) {
   const fa::StageDescriptor* stage = find_stage(stage_id);
-  return stage ? stage->min_compute_capability : -1;
+  if (stage == nullptr) return -1;
+  return stage->backend == fa::Backend::cpu ? 0 : stage->architecture.compute_capability;
 }
 
 double fa_tolerance(const char* precision, double max_abs_v) {
   if (precision == nullptr) return -1.0;
-  for (const fa::Precision candidate : {fa::Precision::fp32, fa::Precision::fp16, fa::Precision::bf16}) {
-    if (std::strcmp(precision, fa::precision_name(candidate)) == 0) return fa::tolerance(candidate, max_abs_v);
+  try {
+    for (const fa::Precision candidate : {fa::Precision::fp32, fa::Precision::fp16, fa::Precision::bf16}) {
+      if (std::strcmp(precision, fa::precision_name(candidate)) == 0) return fa::tolerance(candidate, max_abs_v);
+    }
+  } catch (...) {
+    // fa::tolerance does not throw; nothing may cross the C boundary if it ever did
   }
   return -1.0;
 }

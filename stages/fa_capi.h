@@ -2,15 +2,48 @@
  *
  * Build: the `fa_capi` target (build/lib/libfa_capi.so). Only the fa_* functions below are
  * exported; the CUDA runtime is linked in statically, so the library needs nothing but the
- * NVIDIA driver. Tensors are (batch, heads, seq, dim), contiguous, dim fastest, of the stage's
- * precision (fa_stage_precision: "fp32" float, "fp16" IEEE half, "bf16" bfloat16). CUDA stages
- * take device pointers and run asynchronously on `stream` (NULL: the legacy default stream);
- * the CPU stage takes host pointers and returns when O is written.
+ * NVIDIA driver. The header is C99 and C++ alike.
  *
- *   int64_t bytes = fa_workspace_bytes("04_online_softmax", 1, 16, 4096, 128, 0);
- *   ... allocate q, k, v, o and a workspace of `bytes` bytes (NULL when 0) ...
- *   if (fa_forward("04_online_softmax", 1, 16, 4096, 128, 0, q, k, v, o, ws, stream) != FA_OK)
- *     fprintf(stderr, "%s\n", fa_last_error());
+ * Tensors are contiguous, row-major, dim fastest, of the stage's precision (fa_stage_precision:
+ * "fp32" float, "fp16" IEEE half, "bf16" bfloat16). CUDA stages take device pointers on the current
+ * device and run asynchronously on `stream` (NULL: the legacy default stream); the CPU stage takes
+ * host pointers and returns when its outputs are written.
+ *
+ *   fa_problem problem;
+ *   fa_forward_args args;
+ *   fa_init_problem(&problem);              (zeroes the struct and sets problem.size)
+ *   problem.batch = 1; problem.q_heads = 32; problem.kv_heads = 8;
+ *   problem.q_seq = 16; problem.kv_seq = 4096; problem.dim = 128; problem.causal = 1;
+ *   int64_t bytes = fa_workspace_bytes_v2("08_mma_registers", &problem, FA_PASS_FORWARD);
+ *   ... allocate q, k, v, o, lse and a workspace of `bytes` bytes (NULL when 0) ...
+ *   fa_init_forward_args(&args);
+ *   args.problem = &problem; args.q = q; args.k = k; args.v = v; args.o = o; args.lse = lse;
+ *   args.workspace = workspace; args.stream = stream;
+ *   if (fa_forward_v2("08_mma_registers", &args) != FA_OK) fprintf(stderr, "%s\n", fa_last_error());
+ *
+ * ABI versions. Version 1 (fa_forward, fa_workspace_bytes) takes the square (B, H, N, D) problem
+ * as plain arguments; it stays, as thin wrappers over version 2. Version 2 (fa_abi_version() == 2)
+ * takes size-prefixed structs. Their layouts are natural alignment on a 64-bit platform (LP64,
+ * the only kind CUDA supports); the struct declarations below are the layout, in this order:
+ *
+ *   fa_problem        64 bytes: size @0, batch @8, q_heads @16, kv_heads @24, q_seq @32,
+ *                     kv_seq @40, dim @48, causal @56 (int32), 4 bytes of padding
+ *   fa_forward_args   72 bytes: size @0, problem @8, q @16, k @24, v @32, o @40, lse @48,
+ *                     workspace @56, stream @64
+ *   fa_backward_args 104 bytes: size @0, problem @8, q @16, k @24, v @32, o @40, grad_o @48,
+ *                     lse @56, grad_q @64, grad_k @72, grad_v @80, workspace @88, stream @96
+ *
+ * The size-prefix rule, the same for every struct:
+ *   - `size` is the caller's sizeof of the struct (FFI callers: ctypes.sizeof of their mirror).
+ *   - A size below the version-2 size (FA_*_SIZE_V2) is refused with FA_INVALID_ARGUMENT: the
+ *     struct cannot hold the fields every caller must set (or `size` was never set).
+ *   - A larger size (a caller built against a newer header) is taken: the library reads the
+ *     fields it knows. The bytes past them must be zero (a later field's zero means "as before");
+ *     a nonzero one asks for something this library does not know, and the call returns
+ *     FA_UNSUPPORTED instead of silently ignoring it. So zero the whole struct before filling it
+ *     (fa_init_* do; so does `= {0}` in C, `{}` in C++ and every ctypes.Structure).
+ *   - Later versions add fields only at the end, past today's size (never in the padding), and
+ *     give each a default of zero.
  */
 #ifndef FA_CAPI_H
 #define FA_CAPI_H
@@ -28,18 +61,128 @@
 extern "C" {
 #endif
 
+/* What every status-returning call returns; fa_last_error() says why when it is not FA_OK. */
 enum fa_status {
   FA_OK = 0,
   FA_UNKNOWN_STAGE = 1,    /* no stage has that id */
-  FA_INVALID_SHAPE = 2,    /* a size is zero, negative, absurd, or dim exceeds the stage's maximum */
-  FA_UNSUPPORTED = 3,      /* valid, but not by this stage here: causal masking, a GPU too old */
+  FA_INVALID_SHAPE = 2,    /* a size is < 1 or absurd, q_heads is not a multiple of kv_heads, or dim
+                              exceeds the stage's maximum */
+  FA_UNSUPPORTED = 3,      /* a valid request this stage (or this library) does not take: causal
+                              masking, GQA, q_seq != kv_seq, the LSE or the backward pass on a stage
+                              without them; a GPU of the wrong architecture; a nonzero field past
+                              what this library knows */
   FA_CUDA_ERROR = 4,       /* the CUDA runtime reported an error (no device, a failed launch) */
-  FA_INVALID_ARGUMENT = 5, /* a null pointer, a missing workspace, host memory for a CUDA stage */
+  FA_INVALID_ARGUMENT = 5, /* a NULL pointer, a struct size too small, a missing workspace, host
+                              memory for a CUDA stage (or device memory for the CPU stage) */
   FA_INTERNAL_ERROR = 6    /* anything else; fa_last_error says what */
 };
 
+/* ---- Version 2: general problems, the log-sum-exp, the backward pass -------------------------
+ *
+ * Q and O are (batch, q_heads, q_seq, dim); K and V are (batch, kv_heads, kv_seq, dim). q_heads
+ * is a multiple of kv_heads: query head h reads key/value head h / (q_heads / kv_heads). With
+ * `causal`, query row i sees keys 0 .. i + kv_seq - q_seq (aligned to the bottom-right corner,
+ * PyTorch's causal_lower_right); a row that sees no key gets O = 0 and LSE = -inf. The scale is
+ * 1 / sqrt(dim). LSE is FP32, (batch, q_heads, q_seq): the natural log of each row's softmax
+ * denominator over the scaled scores. Which of these a stage takes: fa_stage_features. */
+
+typedef struct fa_problem {
+  uint32_t size; /* the caller's sizeof(fa_problem); see the size-prefix rule above */
+  int64_t batch;
+  int64_t q_heads;
+  int64_t kv_heads;
+  int64_t q_seq;
+  int64_t kv_seq;
+  int64_t dim;
+  int32_t causal; /* 0: no mask; 1: causal, bottom-right aligned. Other values are refused. */
+} fa_problem;
+
+typedef struct fa_forward_args {
+  uint32_t size; /* the caller's sizeof(fa_forward_args) */
+  const fa_problem* problem;
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;      /* optional (NULL: not written); needs FA_FEATURE_LSE */
+  void* workspace; /* fa_workspace_bytes_v2(..., FA_PASS_FORWARD) bytes; may be NULL when that is 0 */
+  void* stream;    /* a cudaStream_t; NULL: the legacy default stream. Ignored by the CPU stage. */
+} fa_forward_args;
+
+typedef struct fa_backward_args {
+  uint32_t size; /* the caller's sizeof(fa_backward_args) */
+  const fa_problem* problem;
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const void* grad_o;
+  const float* lse; /* the forward's log-sum-exp (required) */
+  void* grad_q;     /* shaped like q */
+  void* grad_k;     /* shaped like k */
+  void* grad_v;     /* shaped like v */
+  void* workspace;  /* fa_workspace_bytes_v2(..., FA_PASS_BACKWARD) bytes; may be NULL when that is 0 */
+  void* stream;
+} fa_backward_args;
+
+/* The version-2 sizes: the smallest `size` each struct may carry (LP64). */
+#define FA_PROBLEM_SIZE_V2 64u
+#define FA_FORWARD_ARGS_SIZE_V2 72u
+#define FA_BACKWARD_ARGS_SIZE_V2 104u
+
+/* Zero the struct and set its size: call these first, then fill in the fields. Inline, so they
+ * exist only for C and C++ callers; FFI callers zero their struct and set size themselves. */
+static inline void fa_init_problem(fa_problem* problem) {
+  memset(problem, 0, sizeof(*problem));
+  problem->size = (uint32_t)sizeof(*problem);
+}
+static inline void fa_init_forward_args(fa_forward_args* args) {
+  memset(args, 0, sizeof(*args));
+  args->size = (uint32_t)sizeof(*args);
+}
+static inline void fa_init_backward_args(fa_backward_args* args) {
+  memset(args, 0, sizeof(*args));
+  args->size = (uint32_t)sizeof(*args);
+}
+
+/* The pass fa_workspace_bytes_v2 sizes the workspace for. */
+enum fa_pass { FA_PASS_FORWARD = 0, FA_PASS_BACKWARD = 1 };
+
+/* What a stage takes beyond the square, unmasked (B, H, N, D) forward pass (fa_stage_features). */
+enum fa_feature {
+  FA_FEATURE_CAUSAL = 1 << 0,
+  FA_FEATURE_GROUPED = 1 << 1,     /* kv_heads < q_heads: grouped-query and multi-query attention */
+  FA_FEATURE_RECTANGULAR = 1 << 2, /* q_seq != kv_seq */
+  FA_FEATURE_LSE = 1 << 3,         /* writes the log-sum-exp when fa_forward_args.lse is set */
+  FA_FEATURE_BACKWARD = 1 << 4     /* fa_backward_v2 */
+};
+
+/* 2 for this header's library. */
+FA_CAPI_EXPORT int fa_abi_version(void);
+
+/* Bytes of workspace `pass` (an fa_pass) needs for this problem (0: none), or -1 when the stage is
+ * unknown or does not take the problem in that pass (fa_last_error says why). Needs no GPU. */
+FA_CAPI_EXPORT int64_t fa_workspace_bytes_v2(const char* stage_id, const fa_problem* problem, int pass);
+
+/* O = softmax(Q K^T / sqrt(dim)) V, and the LSE when args->lse is set. Returns an fa_status. The
+ * problem and the features are checked before any pointer or GPU, so a problem the stage does not
+ * take is refused (FA_INVALID_SHAPE, FA_UNSUPPORTED) the same way on a machine without a GPU. */
+FA_CAPI_EXPORT int fa_forward_v2(const char* stage_id, const fa_forward_args* args);
+
+/* dQ, dK, dV from Q, K, V, O, dO and the forward's LSE. FA_UNSUPPORTED for a stage without
+ * FA_FEATURE_BACKWARD. */
+FA_CAPI_EXPORT int fa_backward_v2(const char* stage_id, const fa_backward_args* args);
+
+/* A bit set of enum fa_feature, or -1 for an unknown id. */
+FA_CAPI_EXPORT int fa_stage_features(const char* stage_id);
+/* "sm_80+" (that compute capability or newer), "sm_90a" (exactly that architecture), or "cpu";
+ * NULL for an unknown id. */
+FA_CAPI_EXPORT const char* fa_stage_architecture(const char* stage_id);
+/* K/V reads per query tile the traffic model expects (1: FlashAttention's one pass); -1 unknown. */
+FA_CAPI_EXPORT double fa_stage_kv_passes(const char* stage_id);
+
 /* ---- Version 1: the square (B, H, N, D) forward pass, kept for existing callers --------------
- * Thin wrappers over the version 2 calls with q_heads = kv_heads = heads, q_seq = kv_seq = seq. */
+ * Thin wrappers over version 2 with q_heads = kv_heads = heads, q_seq = kv_seq = seq, no LSE. */
 
 /* Bytes of workspace fa_forward needs for this problem (0: none), or -1 for an unknown stage or
  * a shape the stage cannot run (fa_last_error says why). */
@@ -52,100 +195,11 @@ FA_CAPI_EXPORT int64_t fa_workspace_bytes(const char* stage_id, int64_t batch, i
 FA_CAPI_EXPORT int fa_forward(const char* stage_id, int64_t batch, int64_t heads, int64_t seq, int64_t dim, int causal,
                               const void* q, const void* k, const void* v, void* o, void* workspace, void* stream);
 
-/* ---- Version 2: general problems, the log-sum-exp, the backward pass -----------------------
- *
- * Every struct starts with its own size: set `size = sizeof(struct ...)` (FA_INIT_* below do).
- * The library reads only the fields a caller's size covers and takes defaults (0 / NULL) for the
- * rest, so fields can be added at the end without breaking callers built against an older header.
- * Q and O are (batch, q_heads, q_seq, dim); K and V (batch, kv_heads, kv_seq, dim); contiguous,
- * dim fastest. q_heads must be a multiple of kv_heads (query head h reads key/value head
- * h / (q_heads / kv_heads)). With `causal`, query i sees keys 0 .. i + kv_seq - q_seq (aligned to
- * the bottom-right corner, PyTorch's causal_lower_right); a row that sees no key gets O = 0 and
- * LSE = -inf. LSE is FP32, (batch, q_heads, q_seq), natural log of the softmax denominator of the
- * scaled scores. */
-
-typedef struct fa_problem {
-  uint32_t size; /* sizeof(fa_problem) */
-  int64_t batch;
-  int64_t q_heads;
-  int64_t kv_heads;
-  int64_t q_seq;
-  int64_t kv_seq;
-  int64_t dim;
-  int32_t causal; /* 0 or 1 */
-} fa_problem;
-
-typedef struct fa_forward_args {
-  uint32_t size; /* sizeof(fa_forward_args) */
-  const fa_problem* problem;
-  const void* q;
-  const void* k;
-  const void* v;
-  void* o;
-  float* lse; /* optional (NULL): the per-row log-sum-exp; needs FA_FEATURE_LSE */
-  void* workspace;
-  void* stream; /* a cudaStream_t; NULL: the legacy default stream */
-} fa_forward_args;
-
-typedef struct fa_backward_args {
-  uint32_t size; /* sizeof(fa_backward_args) */
-  const fa_problem* problem;
-  const void* q;
-  const void* k;
-  const void* v;
-  const void* o;
-  const void* grad_o;
-  const float* lse; /* the forward's log-sum-exp */
-  void* grad_q;
-  void* grad_k;
-  void* grad_v;
-  void* workspace;
-  void* stream;
-} fa_backward_args;
-
-enum fa_pass { FA_PASS_FORWARD = 0, FA_PASS_BACKWARD = 1 };
-
-/* What a stage takes beyond the square (B, H, N, D) forward pass (fa_stage_features). */
-enum fa_feature {
-  FA_FEATURE_CAUSAL = 1 << 0,
-  FA_FEATURE_GROUPED = 1 << 1,     /* kv_heads < q_heads: grouped-query and multi-query attention */
-  FA_FEATURE_RECTANGULAR = 1 << 2, /* q_seq != kv_seq */
-  FA_FEATURE_LSE = 1 << 3,         /* writes the log-sum-exp when fa_forward_args.lse is set */
-  FA_FEATURE_BACKWARD = 1 << 4     /* fa_backward_v2 */
-};
-
-/* Bytes of workspace the pass needs for this problem (0: none), or -1 when the stage is unknown or
- * does not take the problem (fa_last_error says why). */
-FA_CAPI_EXPORT int64_t fa_workspace_bytes_v2(const char* stage_id, const fa_problem* problem, int pass);
-
-/* O = softmax(Q K^T / sqrt(dim)) V, and the LSE when asked. Returns an fa_status: FA_UNSUPPORTED
- * with the reason in fa_last_error for a problem or feature the stage does not take. */
-FA_CAPI_EXPORT int fa_forward_v2(const char* stage_id, const fa_forward_args* args);
-
-/* dQ, dK, dV from Q, K, V, O, dO and the forward's LSE. FA_UNSUPPORTED for a stage without
- * FA_FEATURE_BACKWARD. */
-FA_CAPI_EXPORT int fa_backward_v2(const char* stage_id, const fa_backward_args* args);
-
-/* A bit set of enum fa_feature, or -1 for an unknown id. */
-FA_CAPI_EXPORT int fa_stage_features(const char* stage_id);
-/* "sm_80+", "sm_90a" (exactly that architecture), or "cpu"; NULL for an unknown id. */
-FA_CAPI_EXPORT const char* fa_stage_architecture(const char* stage_id);
-/* K/V reads per query tile the traffic model expects (1: FlashAttention's one pass); -1 unknown. */
-FA_CAPI_EXPORT double fa_stage_kv_passes(const char* stage_id);
-/* 2 for this header. */
-FA_CAPI_EXPORT int fa_abi_version(void);
-
-#define FA_INIT_PROBLEM(p)                 \
-  do {                                     \
-    memset(&(p), 0, sizeof(p));            \
-    (p).size = (uint32_t)sizeof(p);        \
-  } while (0)
-
-/* ---- Stage facts ------------------------------------------------------------------------------ */
+/* ---- Stage facts (every version) -------------------------------------------------------------- */
 
 /* The stages in course order: ids "01_cpu", "02_naive_gpu", ... */
 FA_CAPI_EXPORT int fa_stage_count(void);
-/* The name fa_forward takes for stage `index`: the stage's folder name, or "folder/precision"
+/* The name the calls above take for stage `index`: the stage's folder name, or "folder/precision"
  * (e.g. "07_fp16_pipelined/bf16") for a stage's second descriptor in another precision. */
 FA_CAPI_EXPORT const char* fa_stage_id(int index); /* NULL when out of range */
 
@@ -155,14 +209,17 @@ FA_CAPI_EXPORT const char* fa_stage_backend(const char* stage_id);     /* "cpu" 
 FA_CAPI_EXPORT const char* fa_stage_precision(const char* stage_id);   /* "fp32", "fp16" or "bf16" */
 FA_CAPI_EXPORT const char* fa_stage_source_hash(const char* stage_id); /* design.md's source_hash */
 FA_CAPI_EXPORT int64_t fa_stage_max_dim(const char* stage_id);
-FA_CAPI_EXPORT int fa_stage_min_compute_capability(const char* stage_id); /* 80 for sm_80; 0 for the CPU */
+/* 80 for a stage that needs sm_80 or newer, 90 for an sm_90a stage (fa_stage_architecture says
+ * which rule), 0 for the CPU stage. */
+FA_CAPI_EXPORT int fa_stage_min_compute_capability(const char* stage_id);
 
 /* The largest max-abs error a correct stage of `precision` ("fp32", "fp16", "bf16") may show when
  * max|V| is `max_abs_v` (the harness's fa::tolerance), or -1 for an unknown precision. */
 FA_CAPI_EXPORT double fa_tolerance(const char* precision, double max_abs_v);
 
-/* What went wrong in this thread's latest fa_workspace_bytes or fa_forward call; "" after a
- * success. Valid until the thread's next call. */
+/* What went wrong in this thread's latest fa_workspace_bytes*, fa_forward* or fa_backward_v2 call;
+ * "" after a success. Valid until the thread's next such call. The stage-fact calls leave it as
+ * it is. */
 FA_CAPI_EXPORT const char* fa_last_error(void);
 
 #ifdef __cplusplus

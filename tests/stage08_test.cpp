@@ -1,5 +1,6 @@
 // Stage 08: mma.sync + ldmatrix with S and P in registers (FP16 and BF16 in and out, FP32
-// accumulation; sm_80 and newer), with causal masking.
+// accumulation; sm_80 and newer), with causal masking, grouped-query heads, Nq != Nk and the
+// log-sum-exp.
 //
 // Structural tests (tests/structural_tests.cmake, SOURCE stages/08_mma_registers/mma_registers.cu,
 // ARCH 80 and ARCH 90): the PTX must use the raw tensor-core instruction in both precisions, the
@@ -11,45 +12,33 @@
 // registers: a spill would put them in local memory).
 // (In SASS: HMMA.16816.F32 and HMMA.16816.F32.BF16, LDSM.16.M88.4 and LDSM.16.MT88.4.)
 // On a GPU older than sm_80 every GPU test case here reports skipped (require_stage_runnable).
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 #include <initializer_list>
 
 #include "catch_compat.hpp"
 #include "fa/inputs.hpp"
+#include "fa/problem.hpp"
+#include "fa/stage.hpp"
 #include "fa/stages.hpp"
 #include "gpu_contract.hpp"
 
-FA_GPU_STAGE_CONTRACT("stage08", fa::stages::mma_registers_fp16)
+FA_GPU_STAGE_CONTRACT("stage08", fa::stages::mma_registers_fp16, fa::stages::mma_registers_bf16)
 
-// The same contract for the BF16 descriptor (the macro's test names would collide).
-TEST_CASE("stage08: bf16 matches the reference on the shape table") {
-  fa::test::contract_shape_table(fa::stages::mma_registers_bf16());
-}
-TEST_CASE("stage08: bf16 reproduces the N=4 walkthrough") {
-  fa::test::contract_walkthrough(fa::stages::mma_registers_bf16());
-}
-TEST_CASE("stage08: bf16 handles the well-conditioned fixture") {
-  fa::test::contract_well_conditioned(fa::stages::mma_registers_bf16());
-}
-TEST_CASE("stage08: bf16 survives logits of magnitude 1e3") {
-  fa::test::contract_large_logits(fa::stages::mma_registers_bf16());
-}
-TEST_CASE("stage08: bf16 writes every output element (NaN poison)") {
-  fa::test::contract_poison(fa::stages::mma_registers_bf16());
-}
-TEST_CASE("stage08: bf16 causal masking matches the reference") {
-  fa::test::contract_causal(fa::stages::mma_registers_bf16());
-}
+namespace {
+
+const std::initializer_list<fa::StageDescriptor (*)()> kStages = {fa::stages::mma_registers_fp16,
+                                                                  fa::stages::mma_registers_bf16};
+
+}  // namespace
 
 TEST_CASE("stage08: head dims that are not multiples of 8 take the synchronous path") {
   // 197 keys: several ring turns and a partial tile in both buckets; B·H = 4. Every row checked.
-  for (const fa::StageDescriptor& stage : {fa::stages::mma_registers_fp16(), fa::stages::mma_registers_bf16()}) {
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 800;
     for (const int64_t dim : {1, 2, 17, 63, 100, 127}) {
-      fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{2, 2, 197, dim}, seed++));
+      fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(2, 2, 197, dim), seed++));
     }
   }
 }
@@ -58,12 +47,13 @@ TEST_CASE("stage08: both buckets, with zero-filled padding columns and tail rows
   // D % 8 == 0 takes cp.async; 8 .. 56 are padded up to the 64 bucket, 72 .. 120 up to 128.
   // N = 1 (one partial tile), 31 (less than a tile), 64 (exactly one), 130 and 333 (several ring
   // turns, a partial last tile, and query rows past N in the last block).
-  for (const fa::StageDescriptor& stage : {fa::stages::mma_registers_fp16(), fa::stages::mma_registers_bf16()}) {
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 810;
     for (const int64_t seq : {1, 31, 64, 130, 333}) {
       for (const int64_t dim : {8, 16, 24, 40, 56, 64, 72, 96, 120, 128}) {
-        fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{1, 2, seq, dim}, seed++));
+        fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(1, 2, seq, dim), seed++));
       }
     }
   }
@@ -73,28 +63,104 @@ TEST_CASE("stage08: causal masking in both buckets and on the synchronous path")
   // N around the 64-row query tiles and 64-key tiles: the diagonal tile whole (64, 128), partial
   // (65, 100, 333) or the only one (1, 5, 63); B·H = 3 so heads interleave in the reversed grid.
   // D = 100 takes the synchronous path.
-  for (const fa::StageDescriptor& stage : {fa::stages::mma_registers_fp16(), fa::stages::mma_registers_bf16()}) {
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 820;
     for (const int64_t seq : {1, 5, 63, 64, 65, 100, 128, 333}) {
       for (const int64_t dim : {40, 64, 100, 128}) {
-        fa::Shape shape{3, 1, seq, dim};
-        shape.causal = true;
-        fa::test::check_stage_on(stage, fa::random_inputs(shape, seed++));
+        fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(3, 1, seq, dim, true), seed++));
       }
     }
   }
 }
 
-TEST_CASE("stage08: refuses shapes it cannot run before touching the GPU") {
-  // forward validates first, so this needs no device: null pointers are never dereferenced.
-  for (const fa::StageDescriptor& stage : {fa::stages::mma_registers_fp16(), fa::stages::mma_registers_bf16()}) {
+TEST_CASE("stage08: grouped-query and multi-query heads read their group's K and V") {
+  // Hq = 8 over Hkv = 2 (four query heads a group) and Hkv = 1 (multi-query), B = 2 so the batch
+  // offset of the K/V head counts too; both buckets (64, 128: the two-strip kernels), a padded D
+  // (72: one strip) and the synchronous path (100); causal and not. Every row and the LSE checked.
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
+    fa::test::require_stage_runnable(stage);
+    uint64_t seed = 830;
+    for (const int64_t kv_heads : {2, 1}) {
+      for (const int64_t dim : {64, 128, 72, 100}) {
+        for (const bool causal : {false, true}) {
+          const fa::Problem problem{2, 8, kv_heads, 150, 150, dim, causal};
+          fa::test::check_stage_on(stage, fa::random_inputs(problem, seed++), 0, /*lse=*/true);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("stage08: Nq != Nk, with the causal mask aligned to the bottom-right corner") {
+  // Nq < Nk: every row sees Nk - Nq keys more than its index. Nq > Nk under the mask: the first
+  // Nq - Nk rows see no key (zeros and LSE = -inf); with 333 queries over 100 keys the first
+  // 233 rows are blind, so whole blocks see nothing (Br = 128 in the two-strip kernels, 64
+  // otherwise) and must still write their zeros. Nq = 1 with 1000 keys: the decoding shape, one
+  // query row that sees every key. Both buckets and the synchronous path, causal and not.
+  struct Lengths {
+    int64_t q_seq, kv_seq;
+  };
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
+    fa::test::require_stage_runnable(stage);
+    uint64_t seed = 850;
+    for (const Lengths lengths : {Lengths{100, 333}, Lengths{333, 100}, Lengths{1, 1000}, Lengths{64, 1},
+                                  Lengths{1000, 10}, Lengths{129, 128}}) {
+      for (const int64_t dim : {64, 128, 100}) {
+        for (const bool causal : {false, true}) {
+          const fa::Problem problem{1, 2, 2, lengths.q_seq, lengths.kv_seq, dim, causal};
+          fa::test::check_stage_on(stage, fa::random_inputs(problem, seed++), 0, /*lse=*/true);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("stage08: everything general at once (GQA, Nq != Nk, causal, LSE)") {
+  // Hq = 6 over Hkv = 3, B = 2, 77 queries over 250 keys and 250 over 77, in all three kernels
+  // of each bucket.
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
+    fa::test::require_stage_runnable(stage);
+    uint64_t seed = 880;
+    for (const int64_t dim : {32, 64, 96, 128, 50}) {
+      for (const bool causal : {false, true}) {
+        fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem{2, 6, 3, 77, 250, dim, causal}, seed++), 0,
+                                 /*lse=*/true);
+        fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem{2, 6, 3, 250, 77, dim, causal}, seed++), 0,
+                                 /*lse=*/true);
+      }
+    }
+  }
+}
+
+TEST_CASE("stage08: describes what it takes, and the runner refuses the rest before the GPU") {
+  // Needs no device: the descriptor and fa::unsupported_reason only.
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
     CHECK(stage.max_dim == 128);
-    CHECK(stage.min_compute_capability == 80);
-    CHECK(stage.supports_causal);
-    for (const fa::Shape& shape : {fa::Shape{1, 1, 64, 129}, fa::Shape{1, 1, 64, 256}, fa::Shape{1, 1, 0, 64},
-                                   fa::Shape{1, 1, 64, 0}, fa::Shape{0, 1, 64, 64}}) {
-      CHECK(stage.forward(shape, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
+    CHECK(stage.architecture.compute_capability == 80);
+    CHECK_FALSE(stage.architecture.exact);
+    CHECK(stage.features.causal);
+    CHECK(stage.features.grouped);
+    CHECK(stage.features.rectangular);
+    CHECK(stage.features.lse);
+    CHECK_FALSE(stage.features.backward);
+    CHECK(stage.backward == nullptr);
+    CHECK(stage.kv_passes == 1.0);
+    for (const fa::Problem& problem : {fa::Problem::square(1, 1, 64, 129), fa::Problem::square(1, 1, 64, 256),
+                                       fa::Problem::square(1, 1, 0, 64), fa::Problem::square(1, 1, 64, 0),
+                                       fa::Problem::square(0, 1, 64, 64), fa::Problem{1, 8, 3, 64, 64, 64, false}}) {
+      CHECK_FALSE(fa::unsupported_reason(stage, problem, /*wants_lse=*/true).empty());
+    }
+    CHECK_FALSE(fa::unsupported_reason(stage, fa::Problem::square(1, 1, 64, 64), false, fa::Pass::backward).empty());
+    for (const fa::Problem& problem :
+         {fa::Problem{2, 32, 8, 4, 4096, 128, true}, fa::Problem{1, 8, 1, 333, 100, 64, true},
+          fa::Problem::square(4, 16, 4096, 128, true)}) {
+      CHECK(fa::unsupported_reason(stage, problem, /*wants_lse=*/true).empty());
     }
   }
   CHECK(fa::stages::mma_registers_fp16().precision == fa::Precision::fp16);

@@ -38,3 +38,21 @@ foreach(arch 80 90)
   fa_add_spill_test(NAME "stage08: ptxas spills nothing to local memory (sm_${arch})"
     STAGE 08_mma_registers SOURCE mma_registers.cu ARCH ${arch})
 endforeach()
+# Stage 09 is sm_90a only (wgmma, setmaxnreg): its PTX is checked for that target alone. Both
+# products as wgmma in both precisions (S = Q·Kᵀ with both operands in shared memory at Bc = 128,
+# O += P·V with P in registers: the D = 128 bucket), TMA loads and the TMA store, the mbarrier
+# protocol, the register hand-over between the roles and the proxy fence before the TMA store.
+fa_add_structural_test(NAME "stage09: PTX issues wgmma, TMA copies, mbarrier waits and setmaxnreg (sm_90a)"
+  STAGE 09_wgmma_tma SOURCE wgmma_tma.cu ARCH 90a
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k16\\.f32\\.f16\\.f16"
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k16\\.f32\\.bf16\\.bf16"
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k16\\.f32\\.f16\\.f16 [{][^}]*[}], [{]%r[0-9]+, %r[0-9]+, %r[0-9]+, %r[0-9]+[}]"
+  PATTERN "wgmma\\.commit_group\\.sync\\.aligned" PATTERN "wgmma\\.wait_group\\.sync\\.aligned"
+  PATTERN "cp\\.async\\.bulk\\.tensor\\.3d\\.shared::cluster\\.global\\.tile\\.mbarrier::complete_tx::bytes"
+  PATTERN "cp\\.async\\.bulk\\.tensor\\.3d\\.global\\.shared::cta\\.tile\\.bulk_group"
+  PATTERN "mbarrier\\.arrive\\.expect_tx\\.shared::cta\\.b64" PATTERN "mbarrier\\.try_wait\\.parity\\.shared::cta\\.b64"
+  PATTERN "setmaxnreg\\.dec\\.sync\\.aligned\\.u32 24" PATTERN "setmaxnreg\\.inc\\.sync\\.aligned\\.u32 240"
+  PATTERN "fence\\.proxy\\.async\\.shared::cta")
+# The consumers' O (up to 128 FP32 registers at D = 256), S and P live in registers: no kernel may spill.
+fa_add_spill_test(NAME "stage09: ptxas spills nothing to local memory (sm_90a)"
+  STAGE 09_wgmma_tma SOURCE wgmma_tma.cu ARCH 90a)

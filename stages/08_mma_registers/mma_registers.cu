@@ -18,23 +18,36 @@
 //
 // The rest is stage 07: the cp.async ring for K and V, four warps of 16 query rows, FP16 or
 // BF16 in and out with FP32 accumulation, sm_80 and newer. New besides: causal masking, which
-// skips the K/V tiles above the diagonal and masks only the tiles that cross it.
+// skips the K/V tiles above the diagonal and masks only the tiles that cross it, and the general
+// shapes of the second part of the course: grouped-query heads (several query heads read one K/V
+// head), Nq != Nk with the causal mask aligned bottom-right, and the per-row log-sum-exp that the
+// backward pass needs (README, "General shapes and the log-sum-exp").
+//
+// The device helpers this stage teaches or reuses live in fa/kernel/: mma.cuh (ldmatrix and
+// mma.sync, taught in this stage's README), cp_async.cuh and convert.cuh (stage 07), exp2.cuh
+// (stage 06), launch_order.cuh (stage 03).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
+#include "fa/causal.hpp"
 #include "fa/cuda_check.hpp"
+#include "fa/kernel/convert.cuh"
+#include "fa/kernel/cp_async.cuh"
+#include "fa/kernel/exp2.cuh"
+#include "fa/kernel/launch_order.cuh"
+#include "fa/kernel/mma.cuh"
+#include "fa/launch.hpp"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
 
 // The device code of this file uses sm_80 instructions. It still compiles for older targets (the
-// host code must), where the kernel body is a trap that forward() never lets run.
+// host code must), where the kernel body is a trap: the runner never launches this stage there
+// (its descriptor says sm_80+).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define FA_STAGE08_DEVICE_CODE 1
 #else
@@ -44,6 +57,17 @@
 namespace fa::stages {
 namespace {
 
+using kernel::commit_copies;
+using kernel::copy_async_16;
+using kernel::fast_exp2;
+using kernel::kLog2e;
+using kernel::load_matrices;
+using kernel::load_matrices_transposed;
+using kernel::mma_16x8x16;
+using kernel::pack_pair;
+using kernel::to_element;
+using kernel::wait_copies;
+
 constexpr int kWarpSize = 32;
 constexpr int kStripRows = 16;                   // query rows per warp: the M of mma.m16n8k16
 constexpr int kMmaDepth = 16;                    // the K of mma.m16n8k16: 16 dims for QKᵀ, 16 keys for PV
@@ -51,9 +75,7 @@ constexpr int kChunkBytes = 16;                  // one cp.async, one ldmatrix r
 constexpr int kChunkElements = kChunkBytes / 2;  // of a 16-bit type
 constexpr int kSwizzleRows = 8;                  // the swizzle permutes the chunks of every 8 consecutive rows
 constexpr int kMaxDim = 128;
-constexpr int kMinComputeCapability = 80;
 constexpr int kSharedBytesPerSm = 228 * 1024;  // H100/H200; 1 KB of it is reserved per block
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Everything that sizes the kernel of one head-dim bucket (64 or 128). Change one constant and
 // the rest follows; the static_asserts say when a choice cannot work.
@@ -93,27 +115,6 @@ struct Tiling {
                 "kMinBlocksPerSm blocks of this size do not fit in one SM's shared memory");
 };
 
-// FP32 -> the element type, and two FP32 values as the 32 bits of a rounded pair (low first).
-template <typename Element>
-__device__ __forceinline__ Element to_element(float value) {
-  if constexpr (std::is_same_v<Element, __half>) {
-    return __float2half_rn(value);
-  } else {
-    return __float2bfloat16_rn(value);
-  }
-}
-
-template <typename Element>
-__device__ __forceinline__ unsigned pack_pair(float low, float high) {
-  if constexpr (std::is_same_v<Element, __half>) {
-    const __half2 pair = __floats2half2_rn(low, high);
-    return *reinterpret_cast<const unsigned*>(&pair);
-  } else {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
-    return *reinterpret_cast<const unsigned*>(&pair);
-  }
-}
-
 // The swizzle. In a row-major tile the 8 row addresses of one ldmatrix 8x8 matrix are 128 or
 // 256 bytes apart: all in the same four banks, an 8-way conflict. Storing chunk c of row r at
 // chunk c ^ (r % 8) spreads any 8 consecutive rows' copies of one chunk over 8 different
@@ -140,34 +141,16 @@ __device__ void load_tile_sync(Element* tile, const Element* source, int valid_r
 
 #if FA_STAGE08_DEVICE_CODE
 constexpr unsigned kFullWarp = 0xffffffffu;
+constexpr float kLn2 = 0.6931471805599453f;  // the log-sum-exp leaves log2 units: ln x = log2 x · ln 2
+
+// blockIdx.x, read in a way the compiler cannot merge with an earlier read: what the kernel
+// derives from it after the K/V loop is computed there, instead of held in registers through it.
+__device__ __forceinline__ unsigned block_index_again() {
+  unsigned block;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(block));
+  return block;
+}
 constexpr int kMmaKeys = 8;  // keys (or dims) per FP32 accumulator tile: the N of mma.m16n8k16
-
-// 2^x on the special-function unit, flushing results below 2^-126 to zero (far below anything
-// a 16-bit type can hold). exp2f would wrap the same instruction in a fix-up for those results.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float result;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(x));
-  return result;
-}
-
-// --- The asynchronous copies of stage 07 ------------------------------------------------------
-
-// One 16-byte asynchronous copy global -> shared, cached in L2 only; with source_bytes = 0 it
-// reads nothing and writes 16 zero bytes (rows past N and padding columns).
-__device__ __forceinline__ void copy_async_16(void* shared_destination, const void* global_source, int source_bytes) {
-  const unsigned destination = static_cast<unsigned>(__cvta_generic_to_shared(shared_destination));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(global_source),
-               "r"(source_bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-// Waits until at most kPending of this thread's committed groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void wait_copies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 // Issues the copies of a kRows x kDim tile into a swizzled shared tile, without waiting. Eight
 // (D = 64) or sixteen (D = 128) consecutive threads copy one row: whole 128-byte lines of global
@@ -197,50 +180,17 @@ __device__ void issue_tile_async(Element* tile, const Element* source, int valid
   }
 }
 
-// --- The tensor-core instructions, in PTX -------------------------------------------------------
-
-// ldmatrix .x4: lanes 8i .. 8i+7 give the shared addresses of the 8 rows (16 bytes each) of
-// matrix i; afterwards register i of lane l holds elements (l/4, 2·(l%4)) and (l/4, 2·(l%4)+1)
-// of matrix i. `.trans` hands out the transpose: elements (2·(l%4), l/4) and (2·(l%4)+1, l/4).
-// volatile: the compiler must not move a shared-memory read across the barriers around it.
-__device__ __forceinline__ void load_matrices(unsigned (&fragment)[4], unsigned shared_address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(fragment[0]), "=r"(fragment[1]), "=r"(fragment[2]), "=r"(fragment[3])
-               : "r"(shared_address));
-}
-
-__device__ __forceinline__ void load_matrices_transposed(unsigned (&fragment)[4], unsigned shared_address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(fragment[0]), "=r"(fragment[1]), "=r"(fragment[2]), "=r"(fragment[3])
-               : "r"(shared_address));
-}
-
-// D += A·B for a 16x16 A (4 registers of 16-bit pairs), a 16x8 B (2 registers) and a 16x8 FP32
-// accumulator (4 registers), the warp's 32 lanes together.
-template <typename Element>
-__device__ __forceinline__ void mma_16x8x16(float (&accumulator)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  if constexpr (std::is_same_v<Element, __half>) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(accumulator[0]), "+f"(accumulator[1]), "+f"(accumulator[2]), "+f"(accumulator[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(accumulator[0]), "+f"(accumulator[1]), "+f"(accumulator[2]), "+f"(accumulator[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
 #endif
 
-// One block: Br query rows of one (batch, head), every warp 16·kStrips of them. With kExactDim
-// the head dim is the bucket's (64 or 128, the common case), a compile-time constant: every
-// address stride below is then an immediate, which frees the registers two strips need.
+// One block: Br query rows of one (batch, query head), every warp 16·kStrips of them. With
+// kExactDim the head dim is the bucket's (64 or 128, the common case), a compile-time constant:
+// every address stride below is then an immediate, which frees the registers two strips need.
+// Q and O are (B, Hq, Nq, D), K and V (B, Hkv, Nk, D); `lse` (B, Hq, Nq) may be null.
 template <typename Element, int kDim, bool kAsyncCopies, bool kExactDim>
 __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim, kExactDim>::kMinBlocksPerSm)
     mma_attention_kernel(const Element* __restrict__ q, const Element* __restrict__ k, const Element* __restrict__ v,
-                         Element* __restrict__ o, int seq, int dim_argument, int query_tiles, int heads_total,
-                         bool causal, float scale_log2) {
+                         Element* __restrict__ o, float* __restrict__ lse, int q_seq, int kv_seq, int dim_argument,
+                         int query_tiles, int q_heads, int kv_heads, int heads_total, bool causal, float scale_log2) {
 #if FA_STAGE08_DEVICE_CODE
   using T = Tiling<kDim, kExactDim>;
   const int dim = kExactDim ? kDim : dim_argument;
@@ -264,36 +214,40 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   const int group = lane / 4;
   const int quad = lane % 4;
 
-  // Causal blocks differ in work (a late query tile sees every key before it), so they run
-  // heaviest first: the query tile is the slow index, in reverse (longest-processing-time-first;
-  // the short blocks fill the tail of the grid). Without the mask every block has the same work,
-  // and the query tile is the fast index instead: the blocks in flight then share a few heads'
-  // K and V through L2.
-  int query_tile_index;
-  int64_t head;
-  if (causal) {
-    query_tile_index = query_tiles - 1 - static_cast<int>(blockIdx.x / heads_total);
-    head = blockIdx.x % heads_total;
-  } else {
-    query_tile_index = static_cast<int>(blockIdx.x % query_tiles);
-    head = blockIdx.x / query_tiles;
-  }
-  const int64_t head_offset = head * seq * dim;
-  const Element* head_keys = k + head_offset;
-  const Element* head_values = v + head_offset;
+  // Which (query tile, query head) this block computes (kernel/launch_order.cuh). Causal blocks
+  // differ in work (a late query tile sees more keys), so they run heaviest first: the query tile
+  // is the slow index, in reverse, and the query head the fast one. Without the mask every block
+  // has the same work, and the query tile is the fast index, then the query head: the blocks in
+  // flight at once are a few consecutive query heads. A group's query heads (b·Hq + h for the
+  // Hq/Hkv values of h that share a K/V head) are consecutive, so either way the blocks in flight
+  // read the same few K/V heads, and each K/V tile comes from HBM once and from L2 the other times.
+  // (Told that the counts are positive, the compiler divides in 32 bits instead of 64.)
+  __builtin_assume(query_tiles > 0);
+  __builtin_assume(heads_total > 0);
+  const auto work_of = [&](unsigned block) { return kernel::block_work(block, query_tiles, heads_total, causal); };
+  const kernel::BlockWork work = work_of(blockIdx.x);
+  const int query_tile_index = work.query_tile;
+  // Grouped-query attention: this query head's K and V are those of its group, read in place.
+  const int64_t kv_head = kernel::kv_head_of(work.query_head, q_heads, kv_heads);
+  const Element* head_keys = k + kv_head * kv_seq * dim;
+  const Element* head_values = v + kv_head * kv_seq * dim;
   const int block_first_row = query_tile_index * T::kQueryRows;
   const int warp_first_row = block_first_row + warp * T::kWarpRows;
 
-  // Keys the block must see: all of them, or with the causal mask those up to its last row. Tiles
-  // past that are never loaded. Keys below `unmasked_keys` are visible to every row of the block,
-  // so only tiles reaching past it need the mask: the partial last tile, and the diagonal ones.
-  const int key_end = causal ? min(seq, block_first_row + T::kQueryRows) : seq;
-  const int unmasked_keys = causal ? min(seq, block_first_row + 1) : seq;
+  // Keys the block must see: all of them, or with the causal mask those its last (valid) row sees
+  // (fa/causal.hpp: row i sees keys 0 .. i + Nk - Nq, aligned to the bottom-right corner). Tiles
+  // past that are never loaded. Keys below `unmasked_keys`, those the block's first row sees, are
+  // visible to every row of the block, so only tiles reaching past it need the mask: the partial
+  // last tile, and the diagonal ones. With Nq > Nk a block may see no key at all (tiles = 0).
+  const int last_row = min(q_seq, block_first_row + T::kQueryRows) - 1;
+  const int key_end = causal ? static_cast<int>(causal_key_end(last_row, q_seq, kv_seq)) : kv_seq;
+  const int unmasked_keys = causal ? static_cast<int>(causal_key_end(block_first_row, q_seq, kv_seq)) : kv_seq;
   const int tiles = (key_end + T::kKeys - 1) / T::kKeys;
   // The keys a row of this lane sees (strip, top or bottom half) end below this limit. Computed
   // where it is needed, on masked tiles only: kept in registers it would cost four of them.
   const auto key_limit = [&](int strip, int half) {
-    return causal ? min(seq, warp_first_row + strip * kStripRows + group + 8 * half + 1) : seq;
+    const int row = warp_first_row + strip * kStripRows + group + 8 * half;
+    return causal ? static_cast<int>(causal_key_end(row, q_seq, kv_seq)) : kv_seq;
   };
 
   // Tile t goes to ring slot t % kStages. On the fallback path the same call copies synchronously.
@@ -301,7 +255,7 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
     Element* key_slot = ring + 2 * (tile % T::kStages) * kTileElements;
     Element* value_slot = key_slot + kTileElements;
     const int key_base = tile * T::kKeys;
-    const int valid_keys = min(T::kKeys, seq - key_base);
+    const int valid_keys = min(T::kKeys, kv_seq - key_base);
     const int64_t tile_offset = static_cast<int64_t>(key_base) * dim;
     if constexpr (kAsyncCopies) {
       issue_tile_async<Element, kDim, T::kKeys, T::kThreads>(key_slot, head_keys + tile_offset, valid_keys, dim,
@@ -319,12 +273,12 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   // The prologue: Q joins the first group of copies, then the ring fills all but one slot. Every
   // step commits a group, empty or not, so "tile j has landed" is always "at most kStages - 2
   // groups are still in flight" (stage 07).
-  const Element* query_source = q + head_offset + static_cast<int64_t>(block_first_row) * dim;
+  const Element* query_source = q + (work.query_head * q_seq + block_first_row) * dim;
   if constexpr (kAsyncCopies) {
-    issue_tile_async<Element, kDim, T::kQueryRows, T::kThreads>(query_tile, query_source, seq - block_first_row, dim,
+    issue_tile_async<Element, kDim, T::kQueryRows, T::kThreads>(query_tile, query_source, q_seq - block_first_row, dim,
                                                                 threadIdx.x);
   } else {
-    load_tile_sync<Element, kDim, T::kQueryRows, T::kThreads>(query_tile, query_source, seq - block_first_row, dim,
+    load_tile_sync<Element, kDim, T::kQueryRows, T::kThreads>(query_tile, query_source, q_seq - block_first_row, dim,
                                                               threadIdx.x);
   }
 #pragma unroll
@@ -388,11 +342,24 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   // (FlashAttention-2). Per lane, strip and row (top: `group`, bottom: `group + 8`) the running
   // max m in log2 units (m = max_j s_j · scale · log2 e) and this lane's share of the sum l: the
   // four lanes of a row each sum their own columns, combined once after the loop.
+  //
+  // m starts at -inf. Under the causal mask with Nq > Nk a row may see no key at all: every one
+  // of its scores is then -inf, and a max of -inf would make the rescale 2^(-inf - (-inf)) = NaN.
+  // Such a row starts at m = 0 instead (any finite value): its p are 2^-inf = 0, so its l and O
+  // stay 0, and the end writes zeros and LSE = -inf for it. This is FlashAttention-2's "max = -inf
+  // ? 0" guard, moved out of the loop: which rows see nothing is known before the first tile.
+  // Every other row sees key 0, in tile 0, so its max is finite from the first tile on.
   float out[T::kStrips][kOutTiles][4] = {};
   float row_max[T::kStrips][2];
   float row_sum[T::kStrips][2] = {};
 #pragma unroll
-  for (int strip = 0; strip < T::kStrips; ++strip) row_max[strip][0] = row_max[strip][1] = -INFINITY;
+  for (int strip = 0; strip < T::kStrips; ++strip) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp_first_row + strip * kStripRows + group + 8 * half;
+      row_max[strip][half] = causal && causal_key_end(row, q_seq, kv_seq) == 0 ? 0.0f : -INFINITY;
+    }
+  }
 
 #pragma unroll 1
   for (int tile = 0; tile < tiles; ++tile) {
@@ -450,8 +417,9 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
         }
       }
       // The row max over this lane's columns, then over the 4 lanes of the row (lanes differing in
-      // bits 0 and 1). Every row sees key 0 in tile 0, so from then on its max is finite and a tile
-      // the mask empties for it leaves m unchanged; on tile 0 the rescale factor is 2^-inf = 0.
+      // bits 0 and 1). A row that sees any key sees key 0, in tile 0, so from then on its max is
+      // finite and a tile the mask empties for it leaves m unchanged; on tile 0 the rescale factor
+      // is 2^-inf = 0. (A row that sees no key started at m = 0: see above the loop.)
       float rescale[2];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -526,7 +494,9 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
       float sum = row_sum[strip][half];
       sum += __shfl_xor_sync(kFullWarp, sum, 1);
       sum += __shfl_xor_sync(kFullWarp, sum, 2);
-      const float inverse_sum = 1.0f / sum;
+      row_sum[strip][half] = sum;  // the row's whole l, for the log-sum-exp below
+      // l = 0 only for a row that sees no key (its O is 0 too): it writes zeros, not 0/0.
+      const float inverse_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
       const int row = strip * kStripRows + group + 8 * half;
 #pragma unroll
       for (int n = 0; n < kOutTiles; ++n) {
@@ -536,17 +506,23 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
       }
     }
   }
+  // The rows of O and the LSE this warp writes, among all B·Hq·Nq. Derived from the block index
+  // again rather than kept from the prologue: a 64-bit offset held through the K/V loop costs two
+  // registers that the D = 128 kernel does not have (block_index_again: a read the compiler
+  // cannot merge with the first one).
+  const kernel::BlockWork output_work = work_of(block_index_again());
+  const int64_t warp_output_row =
+      output_work.query_head * q_seq + output_work.query_tile * T::kQueryRows + warp * T::kWarpRows;
   __syncwarp();
   constexpr int kRowsPerPass = kWarpSize / T::kChunksPerRow;
 #pragma unroll
   for (int first = 0; first < T::kWarpRows; first += kRowsPerPass) {
     const int row = first + lane / T::kChunksPerRow;
     const int chunk = lane % T::kChunksPerRow;
-    const int64_t query_row = warp_first_row + row;
     const int column = chunk * kChunkElements;
-    if (query_row >= seq || column >= dim) continue;
+    if (warp_first_row + row >= q_seq || column >= dim) continue;
     const Element* staged = staging + swizzled_chunk_index<T::kChunksPerRow>(row, chunk) * kChunkElements;
-    Element* destination = o + head_offset + query_row * dim + column;
+    Element* destination = o + (warp_output_row + row) * dim + column;
     if constexpr (kAsyncCopies) {
       *reinterpret_cast<uint4*>(destination) = *reinterpret_cast<const uint4*>(staged);
     } else {
@@ -556,71 +532,73 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
       }
     }
   }
+
+  // The log-sum-exp, when asked: LSE = log Σ_j exp(s_j · scale) = (m + log2 l) · ln 2 in the
+  // loop's log2 units (m already holds the scale and log2 e); -inf for a row that sees no key
+  // (l = 0). One lane of the four that share a row writes it. Last, once O is out: written while O
+  // is still in registers, the same few instructions push ptxas into spilling in the K/V loop of
+  // the D = 128 kernel.
+  if (lse != nullptr && quad == 0) {
+#pragma unroll
+    for (int strip = 0; strip < T::kStrips; ++strip) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = strip * kStripRows + group + 8 * half;
+        const float sum = row_sum[strip][half];
+        if (warp_first_row + row < q_seq) {
+          lse[warp_output_row + row] = sum > 0.0f ? (row_max[strip][half] + log2f(sum)) * kLn2 : -INFINITY;
+        }
+      }
+    }
+  }
 #else
-  __trap();  // never launched: forward() refuses GPUs older than sm_80
+  __trap();  // never launched: the runner refuses GPUs older than sm_80 (the descriptor's architecture)
 #endif
 }
 
 template <typename Element, int kDim, bool kAsyncCopies, bool kExactDim>
-cudaError_t launch(const Shape& shape, const Element* q, const Element* k, const Element* v, Element* o,
-                   cudaStream_t stream) {
+Status launch(const ForwardArgs& args) {
   using T = Tiling<kDim, kExactDim>;
+  const Problem& problem = args.problem;
   const auto kernel = &mma_attention_kernel<Element, kDim, kAsyncCopies, kExactDim>;
-  int device = 0;
-  int shared_limit = 0;
-  FA_CUDA_TRY(cudaGetDevice(&device));
-  FA_CUDA_TRY(cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (T::kSharedBytes > shared_limit) return cudaErrorInvalidConfiguration;
-  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSharedBytes));
-  FA_CUDA_TRY(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-
-  const int64_t query_tiles = (shape.seq + T::kQueryRows - 1) / T::kQueryRows;
-  const int64_t blocks = query_tiles * shape.heads_total();
-  if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  const float scale_log2 = softmax_scale(shape) * kLog2e;
-  kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSharedBytes, stream>>>(
-      q, k, v, o, static_cast<int>(shape.seq), static_cast<int>(shape.dim), static_cast<int>(query_tiles),
-      static_cast<int>(shape.heads_total()), shape.causal, scale_log2);
+  FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
+  // One block per (query tile, query head); K/V heads are not launched over: each block finds
+  // its group's K/V head (kernel::kv_head_of).
+  const int64_t query_tiles = (problem.q_seq + T::kQueryRows - 1) / T::kQueryRows;
+  const int64_t blocks = query_tiles * problem.q_heads_total();
+  FA_STATUS_TRY(check_grid(blocks));
+  const float scale_log2 = softmax_scale(problem) * kLog2e;
+  // Every count below fits an int: the runner has checked the problem against validate_problem's
+  // limits (B·Hq <= 2^20, N <= 2^24) and the grid against 2^31 - 1.
+  kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
+      static_cast<const Element*>(args.q), static_cast<const Element*>(args.k), static_cast<const Element*>(args.v),
+      static_cast<Element*>(args.o), args.lse, static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq),
+      static_cast<int>(problem.dim), static_cast<int>(query_tiles), static_cast<int>(problem.q_heads),
+      static_cast<int>(problem.kv_heads), static_cast<int>(problem.q_heads_total()), problem.causal, scale_log2);
   FA_LAUNCH_TRY();
-  return cudaSuccess;
+  return Status();
 }
 
 // Three kernels per bucket, so none carries another's registers: cp.async with the bucket's own
 // head dim (two strips at D = 128), cp.async with a padded head dim, and the synchronous
 // fallback (always padded or misaligned, so never exact).
 template <typename Element, int kDim>
-cudaError_t launch_bucket(const Shape& shape, const Element* q, const Element* k, const Element* v, Element* o,
-                          bool async_copies, cudaStream_t stream) {
-  if (!async_copies) return launch<Element, kDim, false, false>(shape, q, k, v, o, stream);
-  return shape.dim == kDim ? launch<Element, kDim, true, true>(shape, q, k, v, o, stream)
-                           : launch<Element, kDim, true, false>(shape, q, k, v, o, stream);
+Status launch_bucket(const ForwardArgs& args, bool async_copies) {
+  if (!async_copies) return launch<Element, kDim, false, false>(args);
+  return args.problem.dim == kDim ? launch<Element, kDim, true, true>(args) : launch<Element, kDim, true, false>(args);
 }
 
-bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
-
+// The runner has checked the problem (sizes, head dim, features) and the GPU (sm_80 or newer)
+// against the descriptor before this runs.
 template <typename Element>
-cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void* /*workspace*/,
-                    cudaStream_t stream) {
-  if (!validate_shape(shape, kMaxDim).empty()) return cudaErrorInvalidValue;
-  if (q == nullptr || k == nullptr || v == nullptr || o == nullptr) return cudaErrorInvalidValue;
-  int device = 0;
-  int major = 0;
-  int minor = 0;
-  FA_CUDA_TRY(cudaGetDevice(&device));
-  FA_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  FA_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major * 10 + minor < kMinComputeCapability) return cudaErrorInvalidDeviceFunction;  // no mma.m16n8k16 BF16
-  const auto* qe = static_cast<const Element*>(q);
-  const auto* ke = static_cast<const Element*>(k);
-  const auto* ve = static_cast<const Element*>(v);
-  auto* oe = static_cast<Element*>(o);
-  // 16-byte copies and stores need every row to start on a 16-byte boundary.
-  const bool async_copies =
-      shape.dim % kChunkElements == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(o);
+Status forward(const ForwardArgs& args) {
+  // 16-byte copies and stores need every row to start on a 16-byte boundary (the LSE is written
+  // one float at a time and needs nothing).
+  const bool async_copies = args.problem.dim % kChunkElements == 0 && all_aligned16({args.q, args.k, args.v, args.o});
   // Two buckets; smaller head dims are zero-padded up to 64 (the swizzle needs 8 chunks a row).
-  if (shape.dim <= 64) return launch_bucket<Element, 64>(shape, qe, ke, ve, oe, async_copies, stream);
-  return launch_bucket<Element, 128>(shape, qe, ke, ve, oe, async_copies, stream);
+  return dispatch_head_dim<64, kMaxDim>(args.problem.dim, [&](auto bucket) {
+    return launch_bucket<Element, decltype(bucket)::value>(args, async_copies);
+  });
 }
 
 StageDescriptor describe(Precision precision, ForwardFn forward_function, const char* title) {
@@ -632,9 +610,14 @@ StageDescriptor describe(Precision precision, ForwardFn forward_function, const 
   stage.forward = forward_function;
   stage.workspace_bytes = nullptr;
   stage.max_dim = kMaxDim;
-  stage.min_compute_capability = kMinComputeCapability;
+  stage.architecture = {80, false};  // BF16 mma.m16n8k16 and cp.async
+  stage.features.causal = true;
+  stage.features.grouped = true;
+  stage.features.rectangular = true;
+  stage.features.lse = true;
+  stage.features.backward = false;
   stage.trace = nullptr;
-  stage.supports_causal = true;
+  stage.kv_passes = 1.0;
   stage.source_hash = FA_SOURCE_HASH;
   return stage;
 }

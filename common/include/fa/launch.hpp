@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -31,8 +32,31 @@ Status opt_in_shared_memory(Kernel* kernel, int64_t bytes) {
   return opt_in_shared_memory(reinterpret_cast<const void*>(kernel), bytes);
 }
 
+// Like opt_in_shared_memory, but the split of the SM's memory between shared memory and L1 stays
+// the driver's choice (no carveout preference, as for a kernel that never opted in): for kernels
+// whose ordinary global loads also use L1 (stages 03-05), which the largest carveout would shrink.
+template <typename Kernel>
+Status opt_in_shared_memory_default_carveout(Kernel* kernel, int64_t bytes) {
+  const Status status = opt_in_shared_memory(kernel, bytes);
+  if (!status.ok()) return status;
+  return Status::cuda(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                           cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           cudaSharedmemCarveoutDefault));
+}
+
 // A grid of this many blocks, or a decline when it exceeds the launch limit of 2^31 - 1.
 Status check_grid(int64_t blocks);
+
+// For a forward pass that tests also call directly, past the runner's checks: the sizes within
+// the limits for a stage whose largest head dim is max_dim, and the four tensors given. A decline
+// with the reason, before anything touches the GPU, or ok.
+inline Status check_forward_args(const ForwardArgs& args, int64_t max_dim) {
+  if (const std::string why = validate_problem(args.problem, max_dim); !why.empty()) return Status::unsupported(why);
+  if (args.q == nullptr || args.k == nullptr || args.v == nullptr || args.o == nullptr) {
+    return Status::unsupported("Q, K, V and O must all be given (a tensor pointer is null)");
+  }
+  return Status();
+}
 
 // Calls `launch(std::integral_constant<int, kBucket>{})` for the smallest head-dim bucket that
 // holds `dim` (the kernel then pads D up to it with zeros); declines a dim beyond the largest.
