@@ -1,38 +1,197 @@
 #!/usr/bin/env bash
-# Tests the exercise mechanism: makes a fresh student copy of every stage (in a temporary
-# folder, never touching exercises/), builds them all in place of the solutions, and checks
-# that each stage's tests fail on its untouched copy. The solutions passing is the normal suite.
+# Checks exercises, two ways.
+#
+#   scripts/check_exercises.sh 04 [05 ...]
+#     Checks YOUR copy of a stage (exercises/04_online_softmax/, made by scripts/make_exercise 04):
+#     builds it in place of the solution in build-exercise/ (that stage only, so it is quick after
+#     the first time), runs the stage's tests with their failure messages, and ends with one
+#     verdict line. Exit status: 0 PASSED (every test ran and passed); 1 FAILED (a test failed, or
+#     the copy does not compile); 77 NOT CHECKED (the copy compiled, but its GPU tests could not
+#     run here: no CUDA GPU, or one too old for the stage; run the same command on a GPU);
+#     2 no such stage or no copy yet.
+#
 #   scripts/check_exercises.sh [BUILD_DIR]
-# FA_CMAKE_ARGS adds CMake arguments (a generator, CMAKE_PREFIX_PATH). Without a GPU only the CPU stage's tests can run (the GPU tests are skipped), so there the
-# check is that every copy builds and stage 01's copy fails; with FA_REQUIRE_GPU=1 on a GPU
-# machine every stage's copy must fail.
+#     The course's test of the exercise mechanism (scripts/test.sh, the GPU suite): makes a fresh
+#     student copy of every stage in a temporary folder (never touching exercises/), builds them
+#     all in BUILD_DIR (default build-exercises/), and checks that no untouched copy is reported
+#     as passing: the CPU stage's copy fails, and so does every GPU stage's on a GPU (with
+#     FA_REQUIRE_GPU=1 a GPU test that cannot run is a failure); without a GPU every GPU stage's
+#     copy must be reported NOT CHECKED (or FAILED), never PASSED. FA_CMAKE_ARGS adds CMake
+#     arguments (a generator, CMAKE_PREFIX_PATH).
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-$repo/build-exercises}
-copies=$(mktemp -d)
-trap 'rm -rf "$copies"' EXIT
+source "$(dirname "$0")/lib/setup.sh"
 
-stages=$(ls "$repo/stages" | grep -E '^[0-9][0-9]_')
-for stage in $stages; do python3 "$repo/scripts/make_exercise" "$stage" --output "$copies" >/dev/null; done
-# Without a GPU, one architecture is enough to prove that every copy builds.
-architectures=()
-nvidia-smi -L >/dev/null 2>&1 || architectures=(-DCMAKE_CUDA_ARCHITECTURES=90)
-# shellcheck disable=SC2086
-cmake -S "$repo" -B "$build" -DFA_EXERCISE=all -DFA_EXERCISE_DIR="$copies" "${architectures[@]}" ${FA_CMAKE_ARGS:-} >/dev/null
-cmake --build "$build" -j "$(nproc)" >"$build/exercise-build.log" 2>&1 ||
-  { tail -n 30 "$build/exercise-build.log"; echo "check_exercises: a student copy does not build" >&2; exit 1; }
-echo "every stage's student copy builds"
+exercise_dir=${FA_EXERCISE_DIR:-$repo_root/exercises}
+# Without a GPU one architecture is enough to prove that a copy builds.
+no_gpu_architectures=(-DCMAKE_CUDA_ARCHITECTURES=90)
 
-check=${FA_REQUIRE_GPU:+$stages}
-check=${check:-01_cpu}
-failed=0
-for stage in $check; do
-  number=${stage:0:2}
-  if (cd "$build" && ctest -R "^stage$number:" >/dev/null 2>&1); then
-    echo "check_exercises: the untouched student copy of $stage passes its tests: the exercise checks nothing" >&2
-    failed=1
+usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+
+# The stage folder for "4", "04" or "04_online_softmax"; empty when there is none.
+stage_id() {
+  local number=${1%%_*}
+  [[ $number =~ ^[0-9]{1,2}$ ]] || return 0
+  number=$(printf '%02d' "$((10#$number))")
+  local folder
+  for folder in "$repo_root"/stages/"$number"_*/; do
+    [ -d "$folder" ] && basename "$folder" && return 0
+  done
+  return 0
+}
+
+gpu_here() { [ "$(choose_preset)" = default ]; }
+
+rule() { printf '%s\n' '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!'; }
+
+# Runs stage ID's tests in the configured BUILD folder and prints the verdict. With VERBOSE=1
+# the tests' own output (failure messages included) is shown as they run. Returns 0, 1 or 77.
+exercise_verdict() {
+  local build=$1 id=$2 verbose=${3:-1}
+  local number=${id:0:2}
+  local log="$build/check-stage$number.log"
+  local status=0
+  # Each failing test shows the start of its messages (where its first failure is); all of them are
+  # in Testing/Temporary/LastTest.log.
+  local ctest=(ctest -R "^stage$number:" --output-on-failure --test-output-size-failed 3000 -j "$(nproc)")
+  if [ "$verbose" = 1 ]; then
+    (cd "$build" && "${ctest[@]}") 2>&1 | tee "$log" || status=$?
   else
-    echo "stage $number: the untouched student copy fails its tests, as it must"
+    (cd "$build" && "${ctest[@]}") >"$log" 2>&1 || status=$?
   fi
-done
-exit $failed
+  local total skipped failures not_run
+  total=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#' "$log" || true)
+  skipped=$(grep -c '\*\*\*Skipped' "$log" || true)
+  # The failed tests, less the guard that fails only because the copy could not run on a GPU here.
+  failures=$(sed -n '/The following tests FAILED:/,$p' "$log" | grep -E '^\s+[0-9]+ - ' |
+    grep -vc 'ran on a GPU, not only compiled' || true)
+  not_run=$(sed -n '/The following tests FAILED:/,$p' "$log" | grep -c 'ran on a GPU, not only compiled' || true)
+  local where=${build#"$repo_root"/}
+  local why="no CUDA GPU here"
+  gpu_here && why="the GPU here cannot run this stage: see the skip messages above"
+  echo
+  rule
+  if [ "$total" -eq 0 ]; then
+    echo "FAILED: no tests of stage $number ran in $where/ (ctest exit status $status; $log)"
+    rule
+    return 1
+  elif [ "$failures" -gt 0 ] || { [ "$status" -ne 0 ] && [ "$not_run" -eq 0 ]; }; then
+    echo "FAILED: $failures of stage $number's $total tests fail with your copy of $id (their messages are above;"
+    echo "all of them in $where/Testing/Temporary/LastTest.log)."
+    [ "$skipped" -gt 0 ] && echo "(and $skipped GPU tests did not run: $why)"
+    echo "Where it first goes wrong: $where/bin/$id --walkthrough (the exact values beside your kernel's)"
+    rule
+    return 1
+  elif [ "$skipped" -gt 0 ] || [ "$not_run" -gt 0 ]; then
+    echo "NOT CHECKED: your $id was only COMPILED, its $skipped GPU tests did not run ($why): run scripts/check_exercises.sh $number on a machine with a CUDA GPU"
+    rule
+    return 77
+  fi
+  echo "PASSED: all $total tests of stage $number ran and pass with your copy of $id."
+  rule
+  return 0
+}
+
+check_your_copies() {
+  local ids=() argument id
+  for argument in "$@"; do
+    id=$(stage_id "$argument")
+    if [ -z "$id" ]; then
+      echo "check_exercises: there is no stage '$argument'; the stages are: $(ls "$repo_root/stages" | grep -E '^[0-9]{2}_' | tr '\n' ' ')" >&2
+      exit 2
+    fi
+    if [ ! -d "$exercise_dir/$id" ]; then
+      echo "check_exercises: there is no copy of $id in ${exercise_dir#"$repo_root"/}/ yet; make it with: scripts/make_exercise ${id:0:2}" >&2
+      exit 2
+    fi
+    ids+=("$id")
+  done
+  ensure_build_packages
+  ensure_cuda_toolkit
+  ensure_cmake_version
+  local build="$repo_root/build-exercise" only architectures=()
+  only=$(IFS=';' && echo "${ids[*]}")
+  gpu_here || architectures=("${no_gpu_architectures[@]}")
+  mkdir -p "$build"
+  echo "Building your copy of ${ids[*]} in place of the solution (exercises/ -> ${build#"$repo_root"/}/)"
+  # shellcheck disable=SC2046
+  if ! cmake -S "$repo_root" -B "$build" $(generator_args "$build") -DCMAKE_BUILD_TYPE=Release \
+    -DFA_EXERCISE="$only" -DFA_ONLY_STAGES="$only" -DFA_EXERCISE_DIR="$exercise_dir" \
+    "${architectures[@]}" "${fa_cmake_args[@]}" >"$build/configure.log" 2>&1; then
+    tail -n 30 "$build/configure.log" >&2
+    echo "check_exercises: configuring failed (${build#"$repo_root"/}/configure.log)" >&2
+    exit 1
+  fi
+  if ! build_with_progress "$build"; then
+    echo
+    rule
+    echo "FAILED: your copy of ${ids[*]} does not compile (the compiler's messages are above)."
+    rule
+    exit 1
+  fi
+  local worst=0 status
+  for id in "${ids[@]}"; do
+    status=0
+    exercise_verdict "$build" "$id" || status=$?
+    if [ "$status" -eq 1 ] || { [ "$status" -eq 77 ] && [ "$worst" -eq 0 ]; }; then worst=$status; fi
+  done
+  exit "$worst"
+}
+
+check_mechanism() {
+  local build=${1:-$repo_root/build-exercises}
+  local copies
+  copies=$(mktemp -d)
+  # shellcheck disable=SC2064
+  trap "rm -rf '$copies'" EXIT
+  local stages stage
+  stages=$(ls "$repo_root/stages" | grep -E '^[0-9][0-9]_')
+  for stage in $stages; do python3 "$repo_root/scripts/make_exercise" "$stage" --output "$copies" >/dev/null; done
+  local architectures=()
+  gpu_here || architectures=("${no_gpu_architectures[@]}")
+  mkdir -p "$build"
+  # shellcheck disable=SC2086
+  cmake -S "$repo_root" -B "$build" -DFA_EXERCISE=all -DFA_ONLY_STAGES= -DFA_EXERCISE_DIR="$copies" \
+    "${architectures[@]}" "${fa_cmake_args[@]}" ${FA_CMAKE_ARGS:-} >"$build/configure.log" 2>&1 ||
+    { tail -n 30 "$build/configure.log"; echo "check_exercises: configuring the student copies failed" >&2; exit 1; }
+  cmake --build "$build" -j "$(nproc)" >"$build/exercise-build.log" 2>&1 ||
+    { tail -n 30 "$build/exercise-build.log"; echo "check_exercises: a student copy does not build" >&2; exit 1; }
+  echo "every stage's student copy builds"
+
+  local failed=0 status verdict
+  for stage in $stages; do
+    status=0
+    verdict=$(exercise_verdict "$build" "$stage" 0) || status=$?
+    verdict=$(printf '%s\n' "$verdict" | grep -E '^(PASSED|FAILED|NOT CHECKED)' | head -n1)
+    case $status in
+      1) echo "stage ${stage:0:2}: the untouched copy FAILS its tests, as it must" ;;
+      77)
+        if [ "${stage:0:2}" = 01 ] || [ "${FA_REQUIRE_GPU:-0}" = 1 ]; then
+          echo "check_exercises: stage ${stage:0:2}'s GPU tests did not run: $verdict" >&2
+          failed=1
+        else
+          echo "stage ${stage:0:2}: the untouched copy is reported NOT CHECKED (only compiled, no GPU to run it), never passed"
+        fi
+        ;;
+      *)
+        echo "check_exercises: the untouched student copy of $stage is reported as passing: the exercise checks nothing ($verdict)" >&2
+        failed=1
+        ;;
+    esac
+  done
+  return $failed
+}
+
+case ${1:-} in
+  -h | --help)
+    usage
+    exit 0
+    ;;
+esac
+if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]{1,2}(_.*)?$ ]]; then
+  check_your_copies "$@"
+elif [ $# -le 1 ]; then
+  check_mechanism "$@"
+else
+  usage >&2
+  exit 2
+fi

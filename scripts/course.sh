@@ -1,14 +1,50 @@
 #!/usr/bin/env bash
 # The course's main job: builds if needed, then runs every stage on the same inputs and prints
-# one table (stage, ms, TFLOP/s, speed-up over the previous stage, peak memory, max error).
-# Arguments go to the progression (e.g. --seq 2048 --dim 128 --csv results.csv; --help).
+# one table (stage, ms, FLOP/s, speed-up over the stage before, peak memory, max error).
+# Arguments go to the progression, fa_course (e.g. --seq 4096 --csv results.csv; --help).
 set -euo pipefail
 source "$(dirname "$0")/lib/setup.sh"
+
+# The options of fa_course (stages/course_main.cpp, common/src/cli.cpp), for --help before the
+# first build; a test checks that fa_course still has every one of them.
+course_options="--batch --heads --kv-heads --seq --seq-k --dim --causal --lse --seed --warmup --reps --check --no-check --check-rows --walkthrough --csv"
+
+help() {
+  cat <<EOF
+scripts/course.sh [OPTIONS]: the FlashAttention course in one table.
+
+Builds the course if needed (the first build takes several minutes and shows its progress), then
+runs every stage on the same random inputs, checks each against the double CPU reference and
+prints ms, FLOP/s, the speed-up over the stage before, peak memory and the error.
+
+On a GPU the GPU stages run at (B, H, N, D) = (4, 16, 2048, 128), a shape that fills the GPU, and
+the CPU stage at (1, 1, 2048, 128), marked as smaller. Without a GPU the CPU stage runs alone
+and the GPU stages are listed as needing one. --walkthrough runs the N=4 fixture through every
+stage instead.
+
+EOF
+  local binary
+  binary="$(preset_binary_dir "${FA_PRESET:-$(choose_preset)}")/bin/fa_course"
+  if [ -x "$binary" ]; then
+    "$binary" --help
+  else
+    echo "Options (each described, with its default, once the course is built): $course_options"
+  fi
+}
+
+for argument in "$@"; do
+  case $argument in
+    -h | --help)
+      help
+      exit 0
+      ;;
+  esac
+done
 
 ensure_build_packages
 ensure_cuda_toolkit
 ensure_cmake_version
 preset=${FA_PRESET:-$(choose_preset)}
-configure_and_build "$preset" >/dev/null
-binary_dir=$([ "$preset" = ci ] && echo build-ci || echo build)
-exec "$repo_root/$binary_dir/bin/fa_course" "$@"
+configure_and_build "$preset"
+echo
+exec "$(preset_binary_dir "$preset")/bin/fa_course" "$@"

@@ -12,6 +12,17 @@ TEST_CASE("stage03: B*H = 65792 heads, causal and not") {
   const fa::StageDescriptor stage = fa::stages::tiled_smem();
   fa::test::require_stage_runnable(stage);
   for (const bool causal : {false, true}) {
-    fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{257, 256, 3, 5, causal}, 3));
+    fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(257, 256, 3, 5, causal), 3));
   }
+}
+
+// No GPU needed. The traffic model (scripts/traffic.py) counts K+V reads per query tile: the three
+// sweeps read K three times and V once, two K+V reads' worth.
+TEST_CASE("stage03: descriptor declares causal masking and two K+V passes") {
+  const fa::StageDescriptor stage = fa::stages::tiled_smem();
+  CHECK(stage.features.causal);
+  CHECK_FALSE(stage.features.grouped);
+  CHECK_FALSE(stage.features.rectangular);
+  CHECK_FALSE(stage.features.lse);
+  CHECK(stage.kv_passes == 2.0);
 }

@@ -31,8 +31,10 @@ void check_trace(const fa::Inputs& inputs) {
 
   fa::TileTrace expected = fa::reference_trace(inputs, fa::kWalkthroughTile);
   fa::TileTrace traced;
-  REQUIRE(stage.trace(inputs.shape, inputs.q.data(), inputs.k.data(), inputs.v.data(), fa::kWalkthroughTile, traced) ==
-          cudaSuccess);
+  const fa::Status status =
+      stage.trace(inputs.problem, inputs.q.data(), inputs.k.data(), inputs.v.data(), fa::kWalkthroughTile, traced);
+  INFO(status.reason());
+  REQUIRE(status.ok());
   REQUIRE(traced.tile == expected.tile);
   REQUIRE(traced.tiles == expected.tiles);
   REQUIRE(traced.rows == expected.rows);
@@ -67,16 +69,16 @@ TEST_CASE("stage04: trace matches the exact per-tile state on the well-condition
 
 // A partial last K/V tile (N odd), D off every bucket, several heads.
 TEST_CASE("stage04: trace matches the exact per-tile state with a partial last tile and B*H > 1") {
-  check_trace(fa::random_inputs(fa::Shape{2, 3, 7, 5, false}, 11));
+  check_trace(fa::random_inputs(fa::Problem::square(2, 3, 7, 5), 11));
 }
 
 // With causal masking the trace kernel runs every tile (the skipped ones wholly masked), so the
 // state after a tile above a row's diagonal must be that row's final state.
 TEST_CASE("stage04: trace matches the exact per-tile state with causal masking") {
   fa::Inputs walkthrough = fa::walkthrough_inputs();
-  walkthrough.shape.causal = true;
+  walkthrough.problem.causal = true;
   check_trace(walkthrough);
-  check_trace(fa::random_inputs(fa::Shape{2, 3, 7, 5, true}, 12));
+  check_trace(fa::random_inputs(fa::Problem::square(2, 3, 7, 5, true), 12));
 }
 
 // No GPU needed: the trace is compiled for the walkthrough's tiles only.
@@ -86,8 +88,30 @@ TEST_CASE("stage04: trace refuses tile sizes other than the walkthrough's") {
   const fa::Inputs inputs = fa::walkthrough_inputs();
   for (const int64_t tile : {int64_t{1}, int64_t{3}, int64_t{64}}) {
     fa::TileTrace traced;
-    CHECK(stage.trace(inputs.shape, inputs.q.data(), inputs.k.data(), inputs.v.data(), tile, traced) ==
-          cudaErrorInvalidValue);
+    const fa::Status status =
+        stage.trace(inputs.problem, inputs.q.data(), inputs.k.data(), inputs.v.data(), tile, traced);
+    CHECK(status.code() == fa::Status::Code::unsupported);
+    CHECK_FALSE(status.reason().empty());
+  }
+}
+
+// No GPU needed: the trace is its own entry point (the runner's checks do not stand before it), so
+// it refuses sizes out of range and problems other than square ones before touching anything.
+TEST_CASE("stage04: trace refuses problems the stage does not take") {
+  const fa::StageDescriptor stage = fa::stages::online_softmax();
+  REQUIRE(stage.trace != nullptr);
+  const fa::Inputs inputs = fa::walkthrough_inputs();
+  fa::Problem rectangular = inputs.problem;
+  rectangular.kv_seq = 2;
+  fa::Problem grouped = fa::Problem::square(1, 2, 4, 2);
+  grouped.kv_heads = 1;
+  for (const fa::Problem& problem :
+       {fa::Problem::square(1, 1, 4, 257), fa::Problem::square(1, 1, 0, 2), rectangular, grouped}) {
+    fa::TileTrace traced;
+    const fa::Status status =
+        stage.trace(problem, inputs.q.data(), inputs.k.data(), inputs.v.data(), fa::kWalkthroughTile, traced);
+    INFO(fa::describe(problem));
+    CHECK(status.code() == fa::Status::Code::unsupported);
   }
 }
 
@@ -97,6 +121,6 @@ TEST_CASE("stage04: B*H = 65792 heads, causal and not") {
   const fa::StageDescriptor stage = fa::stages::online_softmax();
   fa::test::require_stage_runnable(stage);
   for (const bool causal : {false, true}) {
-    fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{257, 256, 3, 5, causal}, 3));
+    fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(257, 256, 3, 5, causal), 3));
   }
 }

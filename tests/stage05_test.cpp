@@ -32,7 +32,7 @@ namespace {
 // 150 keys: two full 64-key tiles and a partial one (four and a partial for the 32-key
 // configurations of smaller GPUs); B·H = 4. With causal masking the diagonal crosses a partial
 // query tile and a partial key tile.
-fa::Shape shape_with_dim(int64_t dim, bool causal = false) { return fa::Shape{2, 2, 150, dim, causal}; }
+fa::Problem problem_with_dim(int64_t dim, bool causal = false) { return fa::Problem::square(2, 2, 150, dim, causal); }
 
 // Offsets, in floats, of each tensor from the start of its (256-byte aligned) allocation.
 struct Offsets {
@@ -57,8 +57,15 @@ void check_with_offsets(const fa::StageDescriptor& stage, const fa::Inputs& inpu
   fa::DeviceBuffer o(buffer_floats * sizeof(float));
   FA_CUDA_CHECK(cudaMemset(o.get(), 0xff, o.bytes()));  // all-ones bits: NaN
 
-  REQUIRE(stage.forward(inputs.shape, q.as<float>() + offsets.q, k.as<float>() + offsets.k, v.as<float>() + offsets.v,
-                        o.as<float>() + offsets.o, nullptr, nullptr) == cudaSuccess);
+  fa::ForwardArgs args;
+  args.problem = inputs.problem;
+  args.q = q.as<float>() + offsets.q;
+  args.k = k.as<float>() + offsets.k;
+  args.v = v.as<float>() + offsets.v;
+  args.o = o.as<float>() + offsets.o;
+  const fa::Status status = stage.forward(args);
+  INFO(status.reason());
+  REQUIRE(status.ok());
   FA_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> whole = o.to_vector<float>();
 
@@ -66,10 +73,10 @@ void check_with_offsets(const fa::StageDescriptor& stage, const fa::Inputs& inpu
   double max_abs_v = 0.0;
   for (const float value : inputs.v) max_abs_v = std::max(max_abs_v, static_cast<double>(std::fabs(value)));
   const double tolerance =
-      fa::tolerance(fa::Precision::fp32, max_abs_v, fa::logit_bound(inputs.q, inputs.k, inputs.shape.dim));
+      fa::tolerance(fa::Precision::fp32, max_abs_v, fa::logit_bound(inputs.q, inputs.k, inputs.problem.dim));
   const fa::ErrorReport errors = fa::compare(actual, fa::reference_attention(inputs), tolerance);
-  INFO(fa::describe(inputs.shape) << " offsets q " << offsets.q << " k " << offsets.k << " v " << offsets.v << " o "
-                                  << offsets.o << ": " << errors.summary());
+  INFO(fa::describe(inputs.problem) << " offsets q " << offsets.q << " k " << offsets.k << " v " << offsets.v << " o "
+                                    << offsets.o << ": " << errors.summary());
   CHECK(errors.passed());
 
   int64_t written_outside = 0;
@@ -88,28 +95,28 @@ TEST_CASE("stage05: scalar fallback matches the reference when D % 4 != 0") {
   const fa::StageDescriptor stage = fa::stages::float4_tiles();
   fa::test::require_stage_runnable(stage);
   const int64_t dim = GENERATE(1, 2, 3, 5, 127);
-  fa::test::check_stage_on(stage, fa::random_inputs(shape_with_dim(dim), static_cast<uint64_t>(500 + dim)));
+  fa::test::check_stage_on(stage, fa::random_inputs(problem_with_dim(dim), static_cast<uint64_t>(500 + dim)));
 }
 
 TEST_CASE("stage05: causal masking on the scalar fallback, D % 4 != 0") {
   const fa::StageDescriptor stage = fa::stages::float4_tiles();
   fa::test::require_stage_runnable(stage);
   const int64_t dim = GENERATE(1, 5, 127);
-  fa::test::check_stage_on(stage, fa::random_inputs(shape_with_dim(dim, true), static_cast<uint64_t>(550 + dim)));
+  fa::test::check_stage_on(stage, fa::random_inputs(problem_with_dim(dim, true), static_cast<uint64_t>(550 + dim)));
 }
 
 TEST_CASE("stage05: float4 path matches the reference at D = 4, 64, 100, 128, 256") {
   const fa::StageDescriptor stage = fa::stages::float4_tiles();
   fa::test::require_stage_runnable(stage);
   const int64_t dim = GENERATE(4, 64, 100, 128, 256);
-  fa::test::check_stage_on(stage, fa::random_inputs(shape_with_dim(dim), static_cast<uint64_t>(600 + dim)));
+  fa::test::check_stage_on(stage, fa::random_inputs(problem_with_dim(dim), static_cast<uint64_t>(600 + dim)));
 }
 
 TEST_CASE("stage05: causal masking on the float4 path, every head-dim bucket") {
   const fa::StageDescriptor stage = fa::stages::float4_tiles();
   fa::test::require_stage_runnable(stage);
   const int64_t dim = GENERATE(4, 64, 128, 256);
-  fa::test::check_stage_on(stage, fa::random_inputs(shape_with_dim(dim, true), static_cast<uint64_t>(650 + dim)));
+  fa::test::check_stage_on(stage, fa::random_inputs(problem_with_dim(dim, true), static_cast<uint64_t>(650 + dim)));
 }
 
 TEST_CASE("stage05: scalar fallback for pointers that are not 16-byte aligned") {
@@ -118,7 +125,7 @@ TEST_CASE("stage05: scalar fallback for pointers that are not 16-byte aligned") 
   // D = 64 and 128 would take the float4 path if the pointers were aligned.
   const int64_t dim = GENERATE(64, 128);
   const bool causal = GENERATE(false, true);
-  const fa::Inputs inputs = fa::random_inputs(shape_with_dim(dim, causal), static_cast<uint64_t>(700 + dim));
+  const fa::Inputs inputs = fa::random_inputs(problem_with_dim(dim, causal), static_cast<uint64_t>(700 + dim));
   check_with_offsets(stage, inputs, Offsets{0, 0, 0, 0});  // aligned: the float4 path
   check_with_offsets(stage, inputs, Offsets{1, 1, 1, 1});  // every tensor one float off
   check_with_offsets(stage, inputs, Offsets{0, 2, 0, 0});  // one input 8 bytes off
@@ -131,14 +138,21 @@ TEST_CASE("stage05: many heads (B·H = 65539), causal and not") {
   const fa::StageDescriptor stage = fa::stages::float4_tiles();
   fa::test::require_stage_runnable(stage);
   const bool causal = GENERATE(false, true);
-  fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{65539, 1, 3, 4, causal}, 800));
+  fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(65539, 1, 3, 4, causal), 800));
 }
 
 TEST_CASE("stage05: rejects D above 256 and null tensors without launching") {
   const fa::StageDescriptor stage = fa::stages::float4_tiles();
   float unused = 0.0f;
-  const fa::Shape too_wide{1, 1, 8, 257};
-  CHECK(stage.forward(too_wide, &unused, &unused, &unused, &unused, nullptr, nullptr) == cudaErrorInvalidValue);
-  CHECK(stage.forward(fa::Shape{1, 1, 8, 64}, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr) ==
-        cudaErrorInvalidValue);
+  fa::ForwardArgs too_wide;
+  too_wide.problem = fa::Problem::square(1, 1, 8, 257);
+  too_wide.q = too_wide.k = too_wide.v = too_wide.o = &unused;
+  const fa::Status wide = stage.forward(too_wide);
+  CHECK(wide.code() == fa::Status::Code::unsupported);
+  CHECK_FALSE(wide.reason().empty());
+  fa::ForwardArgs null_tensors;
+  null_tensors.problem = fa::Problem::square(1, 1, 8, 64);
+  const fa::Status null = stage.forward(null_tensors);
+  CHECK(null.code() == fa::Status::Code::unsupported);
+  CHECK_FALSE(null.reason().empty());
 }

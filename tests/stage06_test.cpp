@@ -32,7 +32,7 @@ TEST_CASE("stage06: head dims that are not multiples of 16 are padded") {
   // all but 200 (a multiple of 8) take the element-by-element kernel.
   uint64_t seed = 600;
   for (const int64_t dim : {1, 2, 17, 100, 129, 200}) {
-    fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{2, 2, 197, dim}, seed++));
+    fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(2, 2, 197, dim), seed++));
   }
 }
 
@@ -43,14 +43,14 @@ TEST_CASE("stage06: every bucket, with 16-byte loads into padded columns") {
   // bucket. N = 130: three query tiles of 64, the last with 2 rows.
   uint64_t seed = 610;
   for (const int64_t dim : {8, 16, 24, 32, 40, 64, 72, 128, 136, 256}) {
-    fa::test::check_stage_on(stage, fa::random_inputs(fa::Shape{1, 3, 130, dim}, seed++));
+    fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(1, 3, 130, dim), seed++));
   }
 }
 
 TEST_CASE("stage06: causal masking in every bucket, on both load paths") {
   const fa::StageDescriptor stage = fa::stages::wmma_tensor_cores();
   fa::test::require_stage_runnable(stage);
-  CHECK(stage.supports_causal);
+  CHECK(stage.features.causal);
   // N = 1 and 40 (inside the first query tile and the first K/V tile), 64 (exactly one tile),
   // 130 and 333 (several query tiles, the diagonal crossing partial tiles). D = 256 has 16-key
   // tiles, four on each diagonal: the block's first warps skip the later ones. 17 and 100 take
@@ -58,9 +58,7 @@ TEST_CASE("stage06: causal masking in every bucket, on both load paths") {
   uint64_t seed = 630;
   for (const int64_t seq : {1, 40, 64, 130, 333}) {
     for (const int64_t dim : {16, 17, 64, 100, 128, 256}) {
-      fa::Shape shape{2, 2, seq, dim};
-      shape.causal = true;
-      fa::test::check_stage_on(stage, fa::random_inputs(shape, seed++));
+      fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(2, 2, seq, dim, true), seed++));
     }
   }
 }
@@ -68,7 +66,7 @@ TEST_CASE("stage06: causal masking in every bucket, on both load paths") {
 TEST_CASE("stage06: pointers off a 16-byte boundary take the scalar path") {
   const fa::StageDescriptor stage = fa::stages::wmma_tensor_cores();
   fa::test::require_stage_runnable(stage);
-  fa::Inputs inputs = fa::random_inputs(fa::Shape{1, 2, 150, 64}, 620);
+  fa::Inputs inputs = fa::random_inputs(fa::Problem::square(1, 2, 150, 64), 620);
   fa::round_to_precision(inputs, fa::Precision::fp16);
   // One extra element in front of every tensor puts each pointer 2 bytes past a 16-byte boundary.
   const auto shifted = [](const std::vector<float>& values) {
@@ -81,17 +79,24 @@ TEST_CASE("stage06: pointers off a 16-byte boundary take the scalar path") {
   const fa::DeviceBuffer v = shifted(inputs.v);
   const fa::DeviceBuffer o = shifted(std::vector<float>(inputs.q.size(), NAN));
   const auto past_first = [](const fa::DeviceBuffer& buffer) { return buffer.as<unsigned char>() + 2; };
-  REQUIRE(stage.forward(inputs.shape, past_first(q), past_first(k), past_first(v), past_first(o), nullptr, nullptr) ==
-          cudaSuccess);
+  fa::ForwardArgs args;
+  args.problem = inputs.problem;
+  args.q = past_first(q);
+  args.k = past_first(k);
+  args.v = past_first(v);
+  args.o = past_first(o);
+  const fa::Status status = stage.forward(args);
+  INFO(status.reason());
+  REQUIRE(status.ok());
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   std::vector<unsigned char> bytes = o.to_vector<unsigned char>();
   bytes.erase(bytes.begin(), bytes.begin() + 2);
   const std::vector<float> out = fa::decode(bytes, fa::Precision::fp16);
   float max_abs_v = 0.0f;
   for (const float value : inputs.v) max_abs_v = std::max(max_abs_v, std::fabs(value));
-  const fa::ErrorReport errors =
-      fa::compare(out, fa::reference_attention(inputs),
-                  fa::tolerance(fa::Precision::fp16, max_abs_v, fa::logit_bound(inputs.q, inputs.k, inputs.shape.dim)));
+  const fa::ErrorReport errors = fa::compare(
+      out, fa::reference_attention(inputs),
+      fa::tolerance(fa::Precision::fp16, max_abs_v, fa::logit_bound(inputs.q, inputs.k, inputs.problem.dim)));
   INFO(errors.summary());
   CHECK(errors.passed());
 }
@@ -101,7 +106,12 @@ TEST_CASE("stage06: refuses shapes it cannot run before touching the GPU") {
   const fa::StageDescriptor stage = fa::stages::wmma_tensor_cores();
   CHECK(stage.max_dim == 256);
   CHECK(stage.precision == fa::Precision::fp16);
-  for (const fa::Shape& shape : {fa::Shape{1, 1, 64, 257}, fa::Shape{1, 1, 0, 64}, fa::Shape{1, 1, 64, 0}}) {
-    CHECK(stage.forward(shape, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
+  for (const fa::Problem& problem :
+       {fa::Problem::square(1, 1, 64, 257), fa::Problem::square(1, 1, 0, 64), fa::Problem::square(1, 1, 64, 0)}) {
+    fa::ForwardArgs args;
+    args.problem = problem;
+    const fa::Status status = stage.forward(args);
+    INFO(fa::describe(problem) << ": " << status.reason());
+    CHECK(status.code() == fa::Status::Code::unsupported);
   }
 }

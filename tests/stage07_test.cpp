@@ -18,27 +18,8 @@
 #include "fa/stages.hpp"
 #include "gpu_contract.hpp"
 
-FA_GPU_STAGE_CONTRACT("stage07", fa::stages::pipelined_fp16)
-
-// The same contract for the BF16 descriptor (the macro's test names would collide).
-TEST_CASE("stage07: bf16 matches the reference on the shape table") {
-  fa::test::contract_shape_table(fa::stages::pipelined_bf16());
-}
-TEST_CASE("stage07: bf16 reproduces the N=4 walkthrough") {
-  fa::test::contract_walkthrough(fa::stages::pipelined_bf16());
-}
-TEST_CASE("stage07: bf16 handles the well-conditioned fixture") {
-  fa::test::contract_well_conditioned(fa::stages::pipelined_bf16());
-}
-TEST_CASE("stage07: bf16 survives logits of magnitude 1e3") {
-  fa::test::contract_large_logits(fa::stages::pipelined_bf16());
-}
-TEST_CASE("stage07: bf16 writes every output element (NaN poison)") {
-  fa::test::contract_poison(fa::stages::pipelined_bf16());
-}
-TEST_CASE("stage07: bf16 causal masking matches the reference") {
-  fa::test::contract_causal(fa::stages::pipelined_bf16());
-}
+// The shared contract, for the FP16 and the BF16 descriptor alike.
+FA_GPU_STAGE_CONTRACT("stage07", fa::stages::pipelined_fp16, fa::stages::pipelined_bf16)
 
 TEST_CASE("stage07: head dims that are not multiples of 8 take the synchronous path") {
   // 197 keys: several ring turns and a partial tile in every bucket; B·H = 4; causal or not.
@@ -47,9 +28,7 @@ TEST_CASE("stage07: head dims that are not multiples of 8 take the synchronous p
     uint64_t seed = 700;
     for (const bool causal : {false, true}) {
       for (const int64_t dim : {1, 2, 17, 100, 200}) {
-        fa::Shape shape{2, 2, 197, dim};
-        shape.causal = causal;
-        fa::test::check_stage_on(stage, fa::random_inputs(shape, seed++));
+        fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(2, 2, 197, dim, causal), seed++));
       }
     }
   }
@@ -67,9 +46,7 @@ TEST_CASE("stage07: every bucket through the ring, with zero-filled padding colu
     for (const bool causal : {false, true}) {
       for (const int64_t seq : {1, 31, 130, 333}) {
         for (const int64_t dim : {8, 16, 24, 32, 40, 64, 72, 128, 136, 256}) {
-          fa::Shape shape{1, 2, seq, dim};
-          shape.causal = causal;
-          fa::test::check_stage_on(stage, fa::random_inputs(shape, seed++));
+          fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(1, 2, seq, dim, causal), seed++));
         }
       }
     }
@@ -87,13 +64,9 @@ TEST_CASE("stage07: D = 128 through the three-slot ring, both copy paths, causal
     for (const bool causal : {false, true}) {
       for (const int64_t dim : {128, 120, 100}) {
         for (const int64_t seq : {1, 63, 65, 333}) {
-          fa::Shape shape{2, 2, seq, dim};
-          shape.causal = causal;
-          fa::test::check_stage_on(stage, fa::random_inputs(shape, seed++));
+          fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(2, 2, seq, dim, causal), seed++));
         }
-        fa::Shape shape{2, 48, 1061, dim};
-        shape.causal = causal;
-        fa::test::check_stage_on(stage, fa::random_inputs(shape, seed++), 1024);
+        fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(2, 48, 1061, dim, causal), seed++), 1024);
       }
     }
   }
@@ -103,9 +76,16 @@ TEST_CASE("stage07: refuses shapes it cannot run before touching the GPU") {
   // forward validates first, so this needs no device: null pointers are never dereferenced.
   for (const fa::StageDescriptor& stage : {fa::stages::pipelined_fp16(), fa::stages::pipelined_bf16()}) {
     CHECK(stage.max_dim == 256);
-    CHECK(stage.min_compute_capability == 80);
-    for (const fa::Shape& shape : {fa::Shape{1, 1, 64, 257}, fa::Shape{1, 1, 0, 64}, fa::Shape{1, 1, 64, 0}}) {
-      CHECK(stage.forward(shape, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
+    CHECK(stage.architecture.compute_capability == 80);
+    CHECK_FALSE(stage.architecture.exact);
+    CHECK(stage.features.causal);
+    for (const fa::Problem& problem :
+         {fa::Problem::square(1, 1, 64, 257), fa::Problem::square(1, 1, 0, 64), fa::Problem::square(1, 1, 64, 0)}) {
+      fa::ForwardArgs args;
+      args.problem = problem;
+      const fa::Status status = stage.forward(args);
+      INFO(fa::describe(problem) << ": " << status.reason());
+      CHECK(status.code() == fa::Status::Code::unsupported);
     }
   }
   CHECK(fa::stages::pipelined_fp16().precision == fa::Precision::fp16);

@@ -36,9 +36,9 @@ std::string field(const std::string& text) {
 
 const std::vector<std::string>& csv_header() {
   static const std::vector<std::string> header = {
-      "stage",      "gpu",         "B",          "Hq",     "Hkv",         "Nq",  "Nk",
-      "D",          "dtype",       "causal",     "pass",   "ms_median",   "ms_min", "tflops",
-      "gbps",       "peak_bytes",  "max_abs_err", "rel_l2_err", "status", "source_hash", "note"};
+      "stage", "gpu",        "B",           "Hq",         "Hkv",       "Nq",          "Nk",
+      "D",     "dtype",      "causal",      "pass",       "ms_median", "ms_min",      "tflops",
+      "gbps",  "peak_bytes", "max_abs_err", "rel_l2_err", "status",    "source_hash", "note"};
   return header;
 }
 
@@ -96,21 +96,37 @@ std::string format_bytes(int64_t bytes) {
   return fixed(value, unit == 0 ? 0 : 1) + " " + units[unit];
 }
 
+namespace {
+
+// Compute throughput with its unit in every cell: TFLOP/s from 1 TFLOP/s up, GFLOP/s below (the
+// CPU stage), so no row reads "0.00".
+std::string flops_cell(double tflops) {
+  if (tflops >= 1.0) return fixed(tflops, 1) + " T";
+  return number(tflops * 1e3, 3) + " G";
+}
+
+std::string gbps_cell(double gbps) { return gbps >= 1.0 ? fixed(gbps, 1) : number(gbps, 2); }
+
+}  // namespace
+
 void print_table(std::ostream& out, const std::vector<ResultRow>& rows, bool with_speedup) {
   out << std::left << std::setw(20) << "stage" << std::right << std::setw(6) << "dtype" << std::setw(12) << "ms"
-      << std::setw(10) << "TFLOP/s" << std::setw(10) << "GB/s";
+      << std::setw(11) << "FLOP/s" << std::setw(10) << "GB/s";
   if (with_speedup) out << std::setw(10) << "speed-up";
   out << std::setw(12) << "peak mem" << std::setw(12) << "max err"
       << "  status\n";
   for (const ResultRow& row : rows) {
     const bool ran = row.status == "ok";
+    const bool timed = ran && row.ms_median > 0.0;  // --reps 0 checks without timing
     out << std::left << std::setw(20) << row.stage << std::right << std::setw(6) << row.dtype << std::setw(12)
-        << (ran ? fixed(row.ms_median, 3) : "-") << std::setw(10) << (ran ? fixed(row.tflops, 2) : "-") << std::setw(10)
-        << (ran ? fixed(row.gbps, 1) : "-");
-    if (with_speedup) out << std::setw(10) << (ran && row.speedup > 0.0 ? fixed(row.speedup, 2) + "x" : "-");
+        << (timed ? fixed(row.ms_median, 3) : "-") << std::setw(11) << (timed ? flops_cell(row.tflops) : "-")
+        << std::setw(10) << (timed ? gbps_cell(row.gbps) : "-");
+    if (with_speedup) out << std::setw(10) << (timed && row.speedup > 0.0 ? fixed(row.speedup, 2) + "x" : "-");
     out << std::setw(12) << format_bytes(row.peak_bytes) << std::setw(12) << (ran ? number(row.max_abs_err, 2) : "-")
         << "  " << row.status;
-    if (!row.note.empty()) out << " (" << row.note << ")";
+    std::string note = row.note;
+    if (ran && !timed) note = "not timed: --reps 0" + std::string(note.empty() ? "" : "; ") + note;
+    if (!note.empty()) out << " (" << note << ")";
     out << "\n";
   }
 }

@@ -1,9 +1,13 @@
 #include "fa/runner.hpp"
 
 #include <cuda_runtime_api.h>
+#include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <new>
 #include <sstream>
@@ -115,8 +119,130 @@ std::vector<float> gather(const std::vector<float>& values, const std::vector<in
 
 }  // namespace
 
+int64_t host_bytes_needed(const StageDescriptor& stage, const Problem& problem, bool with_lse) {
+  const int64_t element_bytes = precision_bytes(stage.precision);
+  const int64_t q = problem.q_elements();
+  const int64_t kv = problem.kv_elements();
+  int64_t bytes = 4 * (q + 2 * kv);             // the FP32 inputs
+  bytes += element_bytes * (2 * q + 2 * kv);    // Q, K, V and O in the stage's precision
+  bytes += 4 * q;                               // O decoded to FP32
+  if (with_lse) bytes += 8 * problem.q_rows();  // the LSE, and its copy
+  if (stage.backend == Backend::cpu) bytes += workspace_bytes(stage, problem);
+  return bytes;
+}
+
+int64_t available_host_bytes() {
+  int64_t available = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") {
+      available = kib * 1024;
+      break;
+    }
+  }
+  if (available == 0) {
+    const long pages = sysconf(_SC_AVPHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page_size > 0) available = static_cast<int64_t>(pages) * page_size;
+  }
+  // A container's memory limit (cgroup v2) can be far below what the machine has.
+  std::ifstream limit_file("/sys/fs/cgroup/memory.max");
+  std::ifstream current_file("/sys/fs/cgroup/memory.current");
+  int64_t limit = 0;
+  int64_t current = 0;
+  if ((limit_file >> limit) && (current_file >> current) && limit > current) {
+    available = available > 0 ? std::min(available, limit - current) : limit - current;
+  }
+  return available;
+}
+
+int cpu_threads() { return std::max(1, omp_get_max_threads()); }
+
+double estimated_cpu_seconds(const Problem& problem, double flops_per_second) {
+  constexpr double kFlopsPerThread = 5e9;  // stage 01 measures 2-10 GFLOP/s per core
+  const double speed = flops_per_second > 0.0 ? flops_per_second : kFlopsPerThread * cpu_threads();
+  return attention_flops(problem) / speed;
+}
+
+double estimated_cpu_run_seconds(const RunOptions& options, double flops_per_second) {
+  const Problem& problem = options.problem;
+  const int runs = 1 + (options.time ? options.warmup + options.reps : 0);
+  // The reference is double precision on one core: about 1 GFLOP/s over the checked rows.
+  const double rows = static_cast<double>(std::min(options.check_rows, problem.q_rows()));
+  const double check = options.check ? 4.0 * rows * static_cast<double>(problem.kv_seq * problem.dim) / 1e9 : 0.0;
+  return runs * estimated_cpu_seconds(problem, flops_per_second) + check;
+}
+
+double measure_cpu_speed(const StageDescriptor& stage, int64_t dim) {
+  RunOptions probe;
+  probe.problem = Problem::square(1, cpu_threads(), 512, std::min(dim, stage.max_dim));
+  probe.check = false;
+  probe.warmup = 0;
+  probe.reps = 1;
+  probe.time = true;
+  const RunOutcome outcome = run_stage(stage, probe);
+  return outcome.exit_code == kExitOk ? outcome.row.tflops * 1e12 : 0.0;
+}
+
+std::string format_duration(double seconds) {
+  std::ostringstream text;
+  text << std::setprecision(2);
+  if (seconds < 60.0) {
+    text << seconds << " s";
+  } else if (seconds < 3600.0) {
+    text << seconds / 60.0 << " min";
+  } else if (seconds < 2.0 * 86400.0) {
+    text << seconds / 3600.0 << " h";
+  } else if (seconds < 2.0 * 365.0 * 86400.0) {
+    text << std::fixed << std::setprecision(0) << seconds / 86400.0 << " days";
+  } else {
+    text << seconds / (365.0 * 86400.0) << " years";
+  }
+  return text.str();
+}
+
 RunOutcome run_stage(const StageDescriptor& stage, const RunOptions& options) {
-  return run_stage_on(stage, random_inputs(options.problem, options.seed), options);
+  const Problem& problem = options.problem;
+  Inputs none;
+  none.problem = problem;
+  // What run_stage_on refuses (bad sizes, features, no GPU) it refuses before touching the inputs:
+  // let it, without generating inputs for a problem that will not run.
+  const DeviceInfo device = stage.backend == Backend::cuda ? query_device() : DeviceInfo{};
+  if (!validate_problem(problem, stage.max_dim).empty() || !unsupported_reason(stage, problem, options.lse).empty() ||
+      !stage_unavailable_reason(stage, device).empty()) {
+    return run_stage_on(stage, none, options);
+  }
+  // The host memory check: a problem too large for this machine is reported as out of memory
+  // with the bytes it needs, never as std::bad_alloc (or the kernel's OOM killer).
+  const int64_t needed = host_bytes_needed(stage, problem, options.lse);
+  const int64_t available = available_host_bytes();
+  auto host_oom = [&](const std::string& note) {
+    RunOutcome outcome;
+    outcome.row.stage = stage.id;
+    outcome.row.gpu = stage.backend == Backend::cuda ? device.name : "cpu";
+    outcome.row.problem = problem;
+    outcome.row.dtype = precision_name(stage.precision);
+    outcome.row.source_hash = stage.source_hash;
+    outcome.row.peak_bytes = needed;
+    outcome.row.status = "oom";
+    outcome.row.note = note;
+    outcome.exit_code = kExitOom;
+    return outcome;
+  };
+  if (available > 0 && needed > available) {
+    return host_oom("needs " + format_bytes(needed) + " of host memory for its inputs and output; " +
+                    format_bytes(available) + " available");
+  }
+  Inputs inputs;
+  try {
+    inputs = random_inputs(problem, options.seed);
+  } catch (const std::bad_alloc&) {
+    return host_oom("needs " + format_bytes(needed) + " of host memory for its inputs and output; allocation failed");
+  }
+  return run_stage_on(stage, std::move(inputs), options);
 }
 
 RunOutcome run_stage_on(const StageDescriptor& stage, Inputs inputs, const RunOptions& options, bool keep_output) {
@@ -236,16 +362,64 @@ int stage_main(const StageDescriptor& stage, int argc, char** argv) {
     return parsed.exit_code;
   }
   const CommandLine& line = parsed.command_line;
+  const RunOptions& options = line.run;
   try {
     if (line.walkthrough) return run_walkthrough(stage, std::cout);
     // A problem the stage does not take is refused in one line, before anything runs.
-    if (const std::string why = unsupported_reason(stage, line.run.problem, line.run.lse); !why.empty()) {
+    if (const std::string why = unsupported_reason(stage, options.problem, options.lse); !why.empty()) {
       std::cerr << why << "\n";
       return kExitBadInput;
     }
+    // So is a GPU stage on a machine that cannot run it, in words that say what is missing.
+    if (stage.backend == Backend::cuda) {
+      const DeviceInfo device = query_device();
+      if (const std::string why = stage_unavailable_reason(stage, device); !why.empty()) {
+        if (!line.csv_path.empty()) append_csv(line.csv_path, {run_stage(stage, options).row});
+        std::cerr << stage.id << ": "
+                  << (device.present
+                          ? why
+                          : "this stage runs on a CUDA GPU, and there is none here: " + describe_missing_gpu(device) +
+                                " (--walkthrough prints the exact values it must reproduce; 01_cpu runs "
+                                "anywhere)")
+                  << "\n";
+        return kExitNoDevice;
+      }
+    }
+    // A problem too large for this machine's memory is refused in one line, before any allocation.
+    if (const int64_t needed = host_bytes_needed(stage, options.problem, options.lse),
+        available = available_host_bytes();
+        available > 0 && needed > available) {
+      if (!line.csv_path.empty()) append_csv(line.csv_path, {run_stage(stage, options).row});
+      std::cerr << stage.id << ": " << describe(options.problem) << " needs " << format_bytes(needed)
+                << " of host memory for its inputs and output; this machine has " << format_bytes(available)
+                << " available\n";
+      return kExitOom;
+    }
+    // The CPU stage says how long a large problem will take, and refuses one that would take hours.
+    if (stage.backend == Backend::cpu && estimated_cpu_run_seconds(options) > kCpuWarnSeconds) {
+      const double speed = measure_cpu_speed(stage, options.problem.dim);  // a better estimate, at a small cost
+      const double seconds = estimated_cpu_run_seconds(options, speed);
+      const int runs = 1 + (options.time ? options.warmup + options.reps : 0);
+      std::ostringstream estimate;
+      estimate << "about " << format_duration(seconds) << " (" << runs << (runs == 1 ? " run" : " runs") << " of "
+               << format_duration(estimated_cpu_seconds(options.problem, speed)) << " at the " << std::setprecision(2)
+               << (speed > 0.0 ? speed : 5e9 * cpu_threads()) / 1e9
+               << " GFLOP/s the CPU stage reaches on this machine's " << cpu_threads() << " thread"
+               << (cpu_threads() == 1 ? "" : "s") << ")";
+      if (seconds > kCpuRefuseSeconds) {
+        std::cerr << stage.id << ": " << describe(options.problem) << " would take " << estimate.str()
+                  << ": too long for the CPU stage; try a smaller --seq or --heads (the course runs it at N = 2048), "
+                     "or a GPU stage\n";
+        return kExitBadInput;
+      }
+      if (seconds > kCpuWarnSeconds) {
+        std::cerr << stage.id << ": " << describe(options.problem) << " will take " << estimate.str()
+                  << (runs > 1 ? "; --warmup 0 --reps 1 shortens it" : "") << "\n";
+      }
+    }
     std::cout << stage.id << ": " << stage.title << "\n"
-              << describe(line.run.problem) << ", seed " << line.run.seed << "\n\n";
-    RunOutcome outcome = run_stage(stage, line.run);
+              << describe(options.problem) << ", seed " << options.seed << "\n\n";
+    RunOutcome outcome = run_stage(stage, options);
     print_table(std::cout, {outcome.row}, false);
     if (!line.csv_path.empty()) append_csv(line.csv_path, {outcome.row});
     if (outcome.exit_code != kExitOk) std::cerr << stage.id << ": " << outcome.row.note << "\n";

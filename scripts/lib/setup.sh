@@ -1,25 +1,48 @@
-# Shared by scripts/course.sh and scripts/test.sh: find or install what the build needs, then
-# configure and build. Sourced, not run.
+# shellcheck shell=bash
+# Shared by scripts/course.sh, scripts/test.sh and scripts/check_exercises.sh: find or install what
+# the build needs, then configure and build with visible progress. Sourced, not run.
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
+# The oldest CMake the course takes: CMakeLists.txt's cmake_minimum_required and CMakePresets.json's
+# cmakeMinimumRequired say the same (a test checks that the three agree).
+fa_cmake_minimum=3.24
+
+# Catch2 and CLI11 unpacked by scripts/offline_deps.sh, for a machine without a network: every
+# configure looks there first when the folder exists.
+fa_deps_prefix="$repo_root/.deps/root/usr"
+fa_cmake_args=()
+[ -d "$fa_deps_prefix/include" ] && fa_cmake_args+=("-DCMAKE_PREFIX_PATH=$fa_deps_prefix")
+
 # Debian/Ubuntu packages the build needs: CLI11 (command line) and Catch2 (tests), both
-# header-only. Installed with apt-get when running as root; otherwise the exact command.
+# header-only. Found in .deps/ or the system; else installed with apt-get when running as root
+# (its chatter goes to a log, shown only if it fails); otherwise the exact command.
 ensure_build_packages() {
-  local missing=()
-  [ -f /usr/include/CLI/CLI.hpp ] || [ -f /usr/local/include/CLI/CLI.hpp ] || missing+=(libcli11-dev)
-  if ! [ -f /usr/include/catch2/catch.hpp ] && ! [ -f /usr/include/catch2/catch_test_macros.hpp ] &&
-     ! [ -f /usr/local/include/catch2/catch_test_macros.hpp ]; then
-    missing+=(catch2)
-  fi
+  local missing=() include
+  local cli=0 catch=0
+  for include in /usr/include /usr/local/include "$fa_deps_prefix/include"; do
+    [ -f "$include/CLI/CLI.hpp" ] && cli=1
+    { [ -f "$include/catch2/catch.hpp" ] || [ -f "$include/catch2/catch_test_macros.hpp" ]; } && catch=1
+  done
+  [ $cli -eq 1 ] || missing+=(libcli11-dev)
+  [ $catch -eq 1 ] || missing+=(catch2)
   command -v cmake >/dev/null || missing+=(cmake)
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     echo "Installing ${missing[*]} from the distribution's packages"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    local log
+    log=$(mktemp)
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >"$log" 2>&1; then
+      cat "$log" >&2
+      echo "apt-get could not install ${missing[*]} (offline? scripts/offline_deps.sh brings them along)" >&2
+      rm -f "$log"
+      exit 1
+    fi
+    rm -f "$log"
   else
     echo "Missing: ${missing[*]}. Install them with:" >&2
     echo "  sudo apt-get install ${missing[*]}" >&2
+    echo "(or, on a machine without a network, bring .deps/ along: scripts/offline_deps.sh)" >&2
     exit 1
   fi
 }
@@ -35,28 +58,38 @@ ensure_cuda_toolkit() {
   fi
 }
 
-# A CMake >= 3.24 from pip into the venv where the system's is older (design.md).
+# A CMake >= $fa_cmake_minimum from pip, into .venv, where the system's is older (design.md).
 ensure_cmake_version() {
   local version
   version=$(cmake --version | head -n1 | grep -oE '[0-9]+\.[0-9]+' | head -n1)
-  if [ "$(printf '%s\n3.24\n' "$version" | sort -V | head -n1)" != "3.24" ]; then
-    ensure_venv
+  if [ "$(printf '%s\n%s\n' "$version" "$fa_cmake_minimum" | sort -V | head -n1)" != "$fa_cmake_minimum" ]; then
+    echo "CMake $version is older than $fa_cmake_minimum: installing a newer one into .venv with pip"
+    if [ ! -x "$repo_root/.venv/bin/python" ]; then
+      python3 -m venv "$repo_root/.venv" || { echo "python3 -m venv failed: install python3-venv" >&2; exit 1; }
+    fi
     "$repo_root/.venv/bin/pip" install -q "cmake==3.31.6"
     export PATH="$repo_root/.venv/bin:$PATH"
   fi
 }
 
 # The Python packages of requirements.txt, pinned, in .venv (PEP 668 systems refuse
-# system-wide pip). Reinstalled only when requirements.txt changes.
+# system-wide pip), and the course's own package (python/, editable: `import fa_course` sees the
+# working tree). Reinstalled only when requirements.txt or python/pyproject.toml changes.
 ensure_venv() {
   local venv="$repo_root/.venv"
   if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv" || { echo "python3 -m venv failed: install python3-venv" >&2; exit 1; }
   fi
-  if ! cmp -s "$repo_root/requirements.txt" "$venv/.requirements.txt"; then
+  local stamp
+  stamp=$(cat "$repo_root/requirements.txt" "$repo_root/python/pyproject.toml")
+  if [ "$stamp" != "$(cat "$venv/.requirements.txt" 2>/dev/null)" ] ||
+     ! "$venv/bin/python" -c "import fa_course" >/dev/null 2>&1; then
     "$venv/bin/pip" install -q --upgrade pip
     "$venv/bin/pip" install -q -r "$repo_root/requirements.txt"
-    cp "$repo_root/requirements.txt" "$venv/.requirements.txt"
+    # pip builds the editable install with setuptools (and wheel, for setuptools < 70.1), both in
+    # requirements.txt, so no build environment has to be downloaded.
+    "$venv/bin/pip" install -q --no-build-isolation -e "$repo_root/python"
+    printf '%s' "$stamp" >"$venv/.requirements.txt"
   fi
 }
 
@@ -65,8 +98,79 @@ choose_preset() {
   if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then echo default; else echo ci; fi
 }
 
+# The build folder of a preset (CMakePresets.json): build/ or build-ci/.
+preset_binary_dir() {
+  if [ "$1" = ci ]; then echo "$repo_root/build-ci"; else echo "$repo_root/build"; fi
+}
+
+# Ninja for a new build folder when it is installed (its progress is one line); a folder keeps
+# the generator it was configured with.
+generator_args() {
+  if [ ! -f "$1/CMakeCache.txt" ] && command -v ninja >/dev/null; then echo "-G Ninja"; fi
+}
+
+# The build's progress lines ("[12/140] Building CUDA object ..."): on a terminal one line that
+# updates in place, elsewhere (CI logs) every tenth step.
+show_progress() {
+  local line count=0
+  while IFS= read -r line; do
+    case $line in
+      \[*/*\]* | \[*%\]*) ;;
+      *) continue ;;
+    esac
+    count=$((count + 1))
+    if [ -t 1 ]; then
+      printf '\r\033[K%s' "${line:0:$(($(tput cols 2>/dev/null || echo 100) - 1))}"
+    elif [ $((count % 10)) -eq 1 ]; then
+      echo "$line"
+    fi
+  done
+  [ -t 1 ] && [ $count -gt 0 ] && printf '\r\033[K'
+  return 0
+}
+
+# Builds a configured folder with visible progress; the whole output goes to DIR/build.log and
+# its tail is shown when the build fails.
+build_with_progress() {
+  local dir=$1
+  shift
+  local log="$dir/build.log" where=${dir#"$repo_root"/}
+  if [ -f "$dir/.fa-built" ]; then
+    echo "Building in $where/ (only what changed; log: $where/build.log)"
+  else
+    echo "Building in $where/: the first build takes several minutes, later ones only what changed" \
+      "(log: $where/build.log)"
+  fi
+  local start=$SECONDS
+  if ! cmake --build "$dir" -j "$(nproc)" "$@" 2>&1 | tee "$log" | show_progress; then
+    echo "The build failed; the end of $where/build.log:" >&2
+    grep -nE 'error|Error' "$log" | head -n 20 >&2 || true
+    tail -n 25 "$log" >&2
+    return 1
+  fi
+  touch "$dir/.fa-built"
+  local warnings
+  warnings=$(grep -ci 'warning' "$log" || true)
+  if [ "${warnings:-0}" -gt 0 ]; then
+    grep -i 'warning' "$log" | head -n 10
+    echo "Built in $((SECONDS - start)) s ($warnings warning lines: $where/build.log)"
+  else
+    echo "Built in $((SECONDS - start)) s"
+  fi
+}
+
+# Configures (quietly: the log is DIR/configure.log) and builds the preset's folder.
 configure_and_build() {
-  local preset=$1
-  cmake --preset "$preset" -S "$repo_root" >/dev/null
-  cmake --build --preset "$preset" -j "$(nproc)"
+  local preset=$1 dir
+  dir=$(preset_binary_dir "$preset")
+  mkdir -p "$dir"
+  [ -f "$dir/CMakeCache.txt" ] || echo "Configuring the $preset preset in ${dir#"$repo_root"/}/ (the first time takes a while: it looks for the compilers)"
+  # shellcheck disable=SC2046
+  if ! cmake --preset "$preset" -S "$repo_root" $(generator_args "$dir") "${fa_cmake_args[@]}" \
+    >"$dir/configure.log" 2>&1; then
+    tail -n 30 "$dir/configure.log" >&2
+    echo "Configuring the $preset preset failed (the whole log: ${dir#"$repo_root"/}/configure.log)" >&2
+    return 1
+  fi
+  build_with_progress "$dir"
 }

@@ -10,10 +10,11 @@
 // out long before the inputs do. And no thread reuses anything it loads: every multiply-add of
 // kernels 1 and 3 loads both of its operands from memory. The later stages remove both costs.
 //
-// Causal masking (query i sees keys 0..i): the scores above the diagonal would be -inf and weigh
-// exp(-inf) = 0, so no kernel touches them. Kernel 1 computes and stores only S[i][0..i], and
-// kernels 2 and 3 read only that part of each row: the upper triangle of S is never written
-// or read (it is still allocated: the layout of S does not change).
+// Causal masking (query i sees keys 0..i; the rule lives in common/include/fa/causal.hpp): the
+// scores above the diagonal would be -inf and weigh exp(-inf) = 0, so no kernel touches them.
+// Kernel 1 computes and stores only S[i][0..i], and kernels 2 and 3 read only that part of each
+// row: the upper triangle of S is never written or read (it is still allocated: the layout of S
+// does not change).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <cstdint>
 
 #include "fa/cuda_check.hpp"
+#include "fa/kernel/launch_order.cuh"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
@@ -39,10 +41,13 @@ int64_t blocks_for(int64_t work_items, int64_t items_per_block) {
   return std::min((work_items + items_per_block - 1) / items_per_block, kMaxBlocks);
 }
 
-// How many keys the query of row head · N + i sees: all N, or with causal masking keys 0..i. (The
-// 64-bit remainder is computed only when masking.)
-__device__ int64_t visible_keys(int64_t query_row, int64_t seq, bool causal) {
-  return causal ? query_row % seq + 1 : seq;
+// With causal masking, how many keys the query of row head · N + i sees: keys 0..i. The rule is
+// causal.hpp's, taken here in 32 bits (kernel::visible_key_limit): i, the keys and N fit an int
+// (N <= 2^24), and kernel 1 pays for every instruction of it on every score. Called only when
+// masking, so the 64-bit remainder is too.
+__device__ int causal_keys(int64_t query_row, int64_t seq) {
+  const int n = static_cast<int>(seq);
+  return kernel::visible_key_limit(static_cast<int>(query_row % seq), n, n, true);
 }
 
 // Kernel 1: S[head][i][j] = (q_i · k_j) · scale. Neighbouring threads take neighbouring keys j of
@@ -54,7 +59,7 @@ __global__ void scores_kernel(const float* q, const float* k, float* scores, int
        index += int64_t{gridDim.x} * blockDim.x) {
     const int64_t key = index % seq;
     const int64_t query_row = index / seq;  // (head · N + i): the row of Q, and of S
-    if (key >= visible_keys(query_row, seq, causal)) continue;
+    if (causal && static_cast<int>(key) >= causal_keys(query_row, seq)) continue;
     const int64_t head = query_row / seq;
     const float* query = q + query_row * dim;
     const float* key_row = k + (head * seq + key) * dim;
@@ -95,7 +100,7 @@ __device__ float block_sum(float value) {
 // masking (at least one, so the max is finite and the sum at least exp(0) = 1).
 __global__ void softmax_rows_kernel(float* scores, int64_t seq, bool causal, int64_t rows) {
   for (int64_t row_index = blockIdx.x; row_index < rows; row_index += gridDim.x) {
-    const int64_t keys = visible_keys(row_index, seq, causal);
+    const int64_t keys = causal ? causal_keys(row_index, seq) : seq;
     // EXERCISE BEGIN: the row max (block_max), the sum of exp(s - max) (block_sum), then write exp(s - max) / sum
     float* row = scores + row_index * seq;
     // Subtracting the row max first makes every exponent <= 0: exp cannot overflow, however large the
@@ -123,7 +128,7 @@ __global__ void output_kernel(const float* probabilities, const float* v, float*
     const int d = static_cast<int>(index % dim);
     const int64_t query_row = index / dim;
     const int64_t head = query_row / seq;
-    const int64_t keys = visible_keys(query_row, seq, causal);
+    const int64_t keys = causal ? causal_keys(query_row, seq) : seq;
     const float* p_row = probabilities + query_row * seq;
     const float* v_column = v + head * seq * dim + d;
     float sum = 0.0f;
@@ -134,30 +139,33 @@ __global__ void output_kernel(const float* probabilities, const float* v, float*
 
 // S as B·H·N·N floats, in 64 bits: at (4, 16, 4096, 128) that is 4.3 GB, past 2^31 and 2^32.
 // Within the harness's limits (B·H·N·D <= 2^36, N <= 2^24) it stays below 2^62.
-int64_t workspace_bytes(const Shape& shape) {
-  return shape.heads_total() * shape.seq * shape.seq * static_cast<int64_t>(sizeof(float));
+int64_t workspace_bytes(const Problem& problem, Pass /*pass*/) {
+  return problem.q_heads_total() * problem.q_seq * problem.kv_seq * static_cast<int64_t>(sizeof(float));
 }
 
-cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void* workspace,
-                    cudaStream_t stream) {
-  if (!validate_shape(shape, kMaxDim).empty() || workspace == nullptr) return cudaErrorInvalidValue;
-  const int dim = static_cast<int>(shape.dim);
-  float* scores = static_cast<float*>(workspace);
-  const int64_t total_scores = shape.heads_total() * shape.seq * shape.seq;
+// The runner has checked the problem against the descriptor (sizes, head dim, features) and
+// allocated the workspace before this runs.
+Status forward(const ForwardArgs& args) {
+  const Problem& problem = args.problem;
+  const int64_t seq = problem.q_seq;  // this stage takes Nq = Nk only (its descriptor says so)
+  const int dim = static_cast<int>(problem.dim);
+  float* scores = static_cast<float*>(args.workspace);
+  const int64_t total_scores = problem.q_heads_total() * seq * seq;
 
-  scores_kernel<<<blocks_for(total_scores, kThreads), kThreads, 0, stream>>>(
-      static_cast<const float*>(q), static_cast<const float*>(k), scores, shape.seq, dim, softmax_scale(shape),
-      shape.causal, total_scores);
+  scores_kernel<<<blocks_for(total_scores, kThreads), kThreads, 0, args.stream>>>(
+      static_cast<const float*>(args.q), static_cast<const float*>(args.k), scores, seq, dim, softmax_scale(problem),
+      problem.causal, total_scores);
   FA_LAUNCH_TRY();
 
-  softmax_rows_kernel<<<blocks_for(shape.rows(), 1), kThreads, 0, stream>>>(scores, shape.seq, shape.causal,
-                                                                            shape.rows());
+  softmax_rows_kernel<<<blocks_for(problem.q_rows(), 1), kThreads, 0, args.stream>>>(scores, seq, problem.causal,
+                                                                                     problem.q_rows());
   FA_LAUNCH_TRY();
 
-  output_kernel<<<blocks_for(shape.elements(), kThreads), kThreads, 0, stream>>>(
-      scores, static_cast<const float*>(v), static_cast<float*>(o), shape.seq, dim, shape.causal, shape.elements());
+  output_kernel<<<blocks_for(problem.q_elements(), kThreads), kThreads, 0, args.stream>>>(
+      scores, static_cast<const float*>(args.v), static_cast<float*>(args.o), seq, dim, problem.causal,
+      problem.q_elements());
   FA_LAUNCH_TRY();
-  return cudaSuccess;
+  return Status();
 }
 
 }  // namespace
@@ -171,9 +179,10 @@ StageDescriptor naive_gpu() {
   stage.forward = &forward;
   stage.workspace_bytes = &workspace_bytes;
   stage.max_dim = kMaxDim;
-  stage.min_compute_capability = 75;
-  stage.supports_causal = true;
+  stage.architecture = {75, false};
+  stage.features.causal = true;  // and nothing else: square problems (Hq = Hkv, Nq = Nk), no LSE
   stage.trace = nullptr;
+  stage.kv_passes = 1.0;  // unused: scripts/traffic.py models this stage's S in global memory on its own
   stage.source_hash = FA_SOURCE_HASH;
   return stage;
 }

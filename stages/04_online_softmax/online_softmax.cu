@@ -16,18 +16,23 @@
 // slice + kThreadsPerRow, ...) of q and of the output in registers; keys and values stream through
 // shared memory kBlockKeys rows at a time.
 //
-// Causal masking (query i sees keys 0..i): a block stops at the last K/V tile its last row can
-// see, so tiles wholly above the diagonal are never loaded; only the tiles that cross the
-// diagonal are masked key by key; the blocks with the most tiles are launched first.
+// Causal masking (query i sees keys 0..i; the rule is written once, in common/include/fa/causal.hpp):
+// a block stops at the last K/V tile its last row can see, so tiles wholly above the diagonal are
+// never loaded; only the tiles that cross the diagonal are masked key by key; the blocks with the
+// most tiles are launched first (common/include/fa/kernel/launch_order.cuh).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "fa/causal.hpp"
 #include "fa/cuda_check.hpp"
 #include "fa/device_buffer.hpp"
+#include "fa/kernel/launch_order.cuh"
+#include "fa/launch.hpp"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
@@ -36,14 +41,9 @@ namespace fa::stages {
 namespace {
 
 constexpr int64_t kMaxDim = 256;
-constexpr int kKeysPerTile = 32;           // Bc: keys (and values) per shared-memory tile
-constexpr int kDimsPerThread = 16;         // head dims of q and of the output each thread keeps in registers
-constexpr int kThreadsPerBlock = 256;      // for the timed runs, whatever the head dim
-constexpr int64_t kMaxGridX = 2147483647;  // blocks beyond it are covered by the grid-stride loop
-
-// The compiled head dims. A smaller D runs in the next one up with its extra dims zero, which
-// changes no dot product.
-int head_dim_bucket(int64_t dim) { return dim <= 32 ? 32 : dim <= 64 ? 64 : dim <= 128 ? 128 : 256; }
+constexpr int kKeysPerTile = 32;       // Bc: keys (and values) per shared-memory tile
+constexpr int kDimsPerThread = 16;     // head dims of q and of the output each thread keeps in registers
+constexpr int kThreadsPerBlock = 256;  // for the timed runs, whatever the head dim
 
 template <int kHeadDim>
 constexpr int kThreadsPerRow = kHeadDim / kDimsPerThread;
@@ -127,37 +127,29 @@ __device__ void tile_scores(const float (&q)[kDimsPerThread], const float* k_til
   }
 }
 
-// The keys one block's rows may see, and the query tile of one head it covers.
-struct BlockWork {
+// The query tile of one head that a work item covers, and the keys its rows may see.
+struct BlockRows {
   int64_t head;
   int64_t first_query;
   int64_t key_end;       // no row of the block sees a key at or past it: later tiles are skipped
   int64_t unmasked_end;  // every row sees every key before it: tiles ending there need no mask
 };
 
-// Without masking every query tile costs the same, and work items run through the query tiles of
-// one head, then the next: blocks resident together read the same head's K and V, shared in L2.
-// With causal masking query tile t needs the keys up to its last row only, so its cost grows with
-// t, and the items go heaviest first: the last query tile of every head, then the one before, and
-// so on. Blocks start roughly in the order of blockIdx.x, so the long blocks start at once and the
-// short ones fill the SMs as the long ones finish (longest-processing-time-first scheduling): no
-// long block, started last, keeps the kernel running on a few SMs.
+// Which query tile of which head work item `work` is, as in stage 03 (kernel::work_item, in
+// common/include/fa/kernel/launch_order.cuh): without masking the query tiles of one head, then
+// the next, so that blocks resident together share a head's K and V in L2; with causal masking
+// heaviest first (the last query tile of every head, then the one before, ...), so that the short
+// blocks fill the SMs as the long ones finish.
 template <int kBlockRows>
-__device__ BlockWork block_work(const Attention& attention, int64_t query_tiles, int64_t work) {
-  BlockWork block;
-  if (attention.causal) {
-    block.head = work % attention.heads_total;
-    block.first_query = (query_tiles - 1 - work / attention.heads_total) * kBlockRows;
-    // Row i sees keys 0..i: the block's last row first_query + kBlockRows - 1 sees the most, its
-    // first row the fewest.
-    block.key_end = min(attention.seq, block.first_query + kBlockRows);
-    block.unmasked_end = min(attention.seq, block.first_query + 1);
-  } else {
-    block.head = work / query_tiles;
-    block.first_query = (work % query_tiles) * kBlockRows;
-    block.key_end = attention.seq;
-    block.unmasked_end = attention.seq;
-  }
+__device__ BlockRows block_rows(const Attention& attention, int64_t query_tiles, int64_t work) {
+  const kernel::WorkItem item = kernel::work_item(work, query_tiles, attention.heads_total, attention.causal);
+  BlockRows block;
+  block.head = item.query_head;
+  block.first_query = item.query_tile * kBlockRows;
+  // Row i sees keys 0..i (causal.hpp): the block's last row first_query + kBlockRows - 1 sees the
+  // most, its first row the fewest. Without the mask every row sees all N.
+  block.key_end = visible_key_end(block.first_query + kBlockRows - 1, attention.seq, attention.seq, attention.causal);
+  block.unmasked_end = visible_key_end(block.first_query, attention.seq, attention.seq, attention.causal);
   return block;
 }
 
@@ -168,7 +160,7 @@ __device__ BlockWork block_work(const Attention& attention, int64_t query_tiles,
 // block.
 template <int kBlockKeys, int kHeadDim>
 __device__ void visible_scores(const float (&q)[kDimsPerThread], const float* k_tile, int slice, unsigned lanes,
-                               const BlockWork& block, int64_t first_key, int64_t row_key_end,
+                               const BlockRows& block, int64_t first_key, int64_t row_key_end,
                                float (&scores)[kBlockKeys]) {
   tile_scores<kBlockKeys, kHeadDim>(q, k_tile, slice, lanes, scores);
   if (first_key + kBlockKeys <= block.unmasked_end) return;
@@ -206,7 +198,7 @@ __device__ void store_output_slice(const Attention& attention, int64_t head, int
   }
 }
 
-// One work item per query tile of one head, numbered as block_work says; a grid-stride loop over
+// One work item per query tile of one head, numbered as block_rows says; a grid-stride loop over
 // them, so any B·H·N fits in the grid.
 template <int kBlockRows, int kBlockKeys, int kHeadDim>
 __global__ void __launch_bounds__(kBlockRows* kThreadsPerRow<kHeadDim>)
@@ -225,14 +217,14 @@ __global__ void __launch_bounds__(kBlockRows* kThreadsPerRow<kHeadDim>)
   const int64_t work_items = query_tiles * attention.heads_total;
 
   for (int64_t work = blockIdx.x; work < work_items; work += gridDim.x) {
-    const BlockWork block = block_work<kBlockRows>(attention, query_tiles, work);
+    const BlockRows block = block_rows<kBlockRows>(attention, query_tiles, work);
     const int64_t head = block.head;
     const int64_t query = block.first_query + threadIdx.x / kThreadsPerRow<kHeadDim>;
     const int64_t head_offset = head * attention.seq * attention.dim;
     float q[kDimsPerThread];
     load_query_slice<kHeadDim>(attention, head, query, slice, q);
     // This row sees the keys before row_key_end (rows past N get N: they store nothing).
-    const int64_t row_key_end = attention.causal ? min(attention.seq, query + 1) : attention.seq;
+    const int64_t row_key_end = visible_key_end(query, attention.seq, attention.seq, attention.causal);
 
     float m = -INFINITY;           // the largest score so far
     float l = 0.0f;                // the sum of exp(s - m) so far
@@ -289,67 +281,62 @@ __global__ void __launch_bounds__(kBlockRows* kThreadsPerRow<kHeadDim>)
 }
 
 template <int kBlockRows, int kBlockKeys, int kHeadDim>
-cudaError_t launch(const Attention& attention, const TraceBuffers& trace, cudaStream_t stream) {
+Status launch(const Attention& attention, const TraceBuffers& trace, cudaStream_t stream) {
   constexpr int kThreads = kBlockRows * kThreadsPerRow<kHeadDim>;
   constexpr int kSharedBytes = 2 * kBlockKeys * kHeadDim * static_cast<int>(sizeof(float));
   const auto kernel = online_softmax_attention<kBlockRows, kBlockKeys, kHeadDim>;
-  // Beyond 48 KB of dynamic shared memory a kernel must opt in. D = 256 needs 64 KB: still within
-  // what every GPU from sm_75 on allows one block.
-  if (kSharedBytes > 48 * 1024) {
-    FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
-  }
+  // Beyond 48 KB of dynamic shared memory a kernel must opt in (fa/launch.hpp). D = 256 needs
+  // 64 KB: still within what every GPU from sm_75 on allows one block.
+  FA_STATUS_TRY(opt_in_shared_memory_default_carveout(kernel, kSharedBytes));
+  // Blocks past 2^31 - 1 would be covered by the grid-stride loop (the harness's size limits keep
+  // the work items below that).
   const int64_t work_items = (attention.seq + kBlockRows - 1) / kBlockRows * attention.heads_total;
-  const auto blocks = static_cast<unsigned>(std::min(work_items, kMaxGridX));
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(work_items, INT_MAX));
   kernel<<<blocks, kThreads, kSharedBytes, stream>>>(attention, trace);
   FA_LAUNCH_TRY();
-  return cudaSuccess;
+  return Status();
 }
 
-Attention make_attention(const Shape& shape, const void* q, const void* k, const void* v, void* o) {
-  return Attention{static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
-                   static_cast<float*>(o),       shape.heads_total(),          shape.seq,
-                   static_cast<int>(shape.dim),  softmax_scale(shape),         shape.causal};
-}
-
-cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void* /*workspace*/,
-                    cudaStream_t stream) {
-  if (!validate_shape(shape, kMaxDim).empty()) return cudaErrorInvalidValue;
-  const Attention attention = make_attention(shape, q, k, v, o);
-  const TraceBuffers no_trace;
-  switch (head_dim_bucket(shape.dim)) {
-    case 32:
-      return launch<kBlockRowsFor<32>, kKeysPerTile, 32>(attention, no_trace, stream);
-    case 64:
-      return launch<kBlockRowsFor<64>, kKeysPerTile, 64>(attention, no_trace, stream);
-    case 128:
-      return launch<kBlockRowsFor<128>, kKeysPerTile, 128>(attention, no_trace, stream);
-    default:
-      return launch<kBlockRowsFor<256>, kKeysPerTile, 256>(attention, no_trace, stream);
-  }
+Attention make_attention(const Problem& problem, const void* q, const void* k, const void* v, void* o) {
+  const int64_t seq = problem.q_seq;  // this stage takes Nq = Nk only (its descriptor says so)
+  return Attention{static_cast<const float*>(q),  static_cast<const float*>(k), static_cast<const float*>(v),
+                   static_cast<float*>(o),        problem.q_heads_total(),      seq,
+                   static_cast<int>(problem.dim), softmax_scale(problem),       problem.causal};
 }
 
 // The walkthrough's tiles: Br = Bc = kWalkthroughTile = 2, so every K/V tile leaves a state to compare.
 constexpr int kTraceTile = 2;
 
-cudaError_t launch_traced(const Attention& attention, const TraceBuffers& trace) {
-  switch (head_dim_bucket(attention.dim)) {
-    case 32:
-      return launch<kTraceTile, kTraceTile, 32>(attention, trace, nullptr);
-    case 64:
-      return launch<kTraceTile, kTraceTile, 64>(attention, trace, nullptr);
-    case 128:
-      return launch<kTraceTile, kTraceTile, 128>(attention, trace, nullptr);
-    default:
-      return launch<kTraceTile, kTraceTile, 256>(attention, trace, nullptr);
-  }
+// The compiled head dims are 32, 64, 128 and 256: a smaller D runs in the next one up with its
+// extra dims zero, which changes no dot product. The timed tiles depend on the head dim; the
+// trace's do not.
+template <bool kTraced>
+Status launch_bucket(const Attention& attention, const TraceBuffers& trace, cudaStream_t stream) {
+  return dispatch_head_dim<32, 64, 128, 256>(attention.dim, [&](auto bucket) {
+    constexpr int kHeadDim = decltype(bucket)::value;
+    constexpr int kBlockRows = kTraced ? kTraceTile : kBlockRowsFor<kHeadDim>;
+    constexpr int kBlockKeys = kTraced ? kTraceTile : kKeysPerTile;
+    return launch<kBlockRows, kBlockKeys, kHeadDim>(attention, trace, stream);
+  });
 }
 
-// Runs the Br = Bc = 2 kernel on host inputs and returns its state after every K/V tile.
-cudaError_t trace(const Shape& shape, const float* q, const float* k, const float* v, int64_t tile, TileTrace& out) {
-  if (tile != kTraceTile || !validate_shape(shape, kMaxDim).empty()) return cudaErrorInvalidValue;
-  const int64_t tiles = (shape.seq + tile - 1) / tile;
-  const int64_t states = tiles * shape.rows();
-  const std::size_t tensor_bytes = static_cast<std::size_t>(shape.elements()) * sizeof(float);
+// The runner has checked the problem against the descriptor (sizes, head dim, features) before
+// this runs.
+Status forward(const ForwardArgs& args) {
+  const Attention attention = make_attention(args.problem, args.q, args.k, args.v, args.o);
+  return launch_bucket<false>(attention, TraceBuffers{}, args.stream);
+}
+
+// Runs the Br = Bc = 2 kernel on host inputs and returns its state after every K/V tile. The trace
+// is its own entry point (the walkthrough and the tests call it, not the runner's forward pass),
+// so it checks what it is given.
+Status trace(const Problem& problem, const float* q, const float* k, const float* v, int64_t tile, TileTrace& out) {
+  if (tile != kTraceTile) return Status::unsupported("the stage 04 trace runs with tiles of 2 rows only");
+  if (const std::string why = validate_problem(problem, kMaxDim); !why.empty()) return Status::unsupported(why);
+  if (!problem.is_square()) return Status::unsupported("the stage 04 trace takes square problems only");
+  const int64_t tiles = (problem.kv_seq + tile - 1) / tile;
+  const int64_t states = tiles * problem.q_rows();
+  const std::size_t tensor_bytes = static_cast<std::size_t>(problem.q_elements()) * sizeof(float);
   try {
     DeviceBuffer q_device(tensor_bytes), k_device(tensor_bytes), v_device(tensor_bytes), o_device(tensor_bytes);
     q_device.upload(q, tensor_bytes);
@@ -357,10 +344,11 @@ cudaError_t trace(const Shape& shape, const float* q, const float* k, const floa
     v_device.upload(v, tensor_bytes);
     DeviceBuffer m_trace(static_cast<std::size_t>(states) * sizeof(float));
     DeviceBuffer l_trace(static_cast<std::size_t>(states) * sizeof(float));
-    DeviceBuffer o_trace(static_cast<std::size_t>(states * shape.dim) * sizeof(float));
+    DeviceBuffer o_trace(static_cast<std::size_t>(states * problem.dim) * sizeof(float));
 
-    const Attention attention = make_attention(shape, q_device.get(), k_device.get(), v_device.get(), o_device.get());
-    FA_CUDA_TRY(launch_traced(attention, TraceBuffers{m_trace.as<float>(), l_trace.as<float>(), o_trace.as<float>()}));
+    const Attention attention = make_attention(problem, q_device.get(), k_device.get(), v_device.get(), o_device.get());
+    FA_STATUS_TRY(launch_bucket<true>(
+        attention, TraceBuffers{m_trace.as<float>(), l_trace.as<float>(), o_trace.as<float>()}, nullptr));
     FA_CUDA_TRY(cudaDeviceSynchronize());
 
     const std::vector<float> m = m_trace.to_vector<float>();
@@ -368,15 +356,15 @@ cudaError_t trace(const Shape& shape, const float* q, const float* k, const floa
     const std::vector<float> o_over_l = o_trace.to_vector<float>();
     out.tile = tile;
     out.tiles = tiles;
-    out.rows = shape.rows();
-    out.dim = shape.dim;
+    out.rows = problem.q_rows();
+    out.dim = problem.dim;
     out.m.assign(m.begin(), m.end());
     out.l.assign(l.begin(), l.end());
     out.o.assign(o_over_l.begin(), o_over_l.end());
   } catch (const CudaError& error) {
-    return error.code();
+    return Status::cuda(error.code());
   }
-  return cudaSuccess;
+  return Status();
 }
 
 }  // namespace
@@ -390,9 +378,10 @@ StageDescriptor online_softmax() {
   stage.forward = &forward;
   stage.workspace_bytes = nullptr;
   stage.max_dim = kMaxDim;
-  stage.min_compute_capability = 75;
-  stage.supports_causal = true;
+  stage.architecture = {75, false};
+  stage.features.causal = true;  // and nothing else: square problems (Hq = Hkv, Nq = Nk), no LSE
   stage.trace = &trace;
+  stage.kv_passes = 1.0;  // in K+V reads per query tile: one pass over K and V
   stage.source_hash = FA_SOURCE_HASH;
   return stage;
 }

@@ -29,18 +29,24 @@
 // its extra dims zero in shared memory, which changes no dot product and keeps every loop bound a
 // compile-time constant.
 //
-// Causal masking (query i sees keys 0..i) is a second instantiation of the kernel: a block stops
-// at the last K/V tile its last row can see, so tiles wholly above the diagonal are never loaded;
-// only the tiles that cross the diagonal are masked key by key; the blocks with the most tiles are
-// launched first. The non-causal instantiation is the kernel without any of it.
+// Causal masking (query i sees keys 0..i; the rule is written once, in common/include/fa/causal.hpp)
+// is a second instantiation of the kernel: a block stops at the last K/V tile its last row can
+// see, so tiles wholly above the diagonal are never loaded; only the tiles that cross the diagonal
+// are masked key by key; the blocks with the most tiles are launched first
+// (common/include/fa/kernel/launch_order.cuh). The non-causal instantiation is the kernel without
+// any of it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
 #include "fa/cuda_check.hpp"
+#include "fa/kernel/exp2.cuh"
+#include "fa/kernel/launch_order.cuh"
+#include "fa/launch.hpp"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
@@ -52,9 +58,8 @@ constexpr int kWarpSize = 32;
 constexpr int kRowGroups = 2;                          // row groups per warp: lane & 1
 constexpr int kColumnGroups = kWarpSize / kRowGroups;  // lanes that share a row group: lane >> 1
 constexpr int kMaxDim = 256;
-constexpr int64_t kMaxGridX = 2147483647;  // blocks beyond it are covered by the grid-stride loop
 constexpr unsigned kFullWarp = 0xffffffffu;
-constexpr float kLog2e = 1.4426950408889634f;
+using kernel::kLog2e;
 
 // One compiled configuration: head-dim bucket, warps per block, rows per thread (TM) and keys per
 // K/V tile (Bc). Every size below follows from these four.
@@ -284,40 +289,33 @@ __device__ __forceinline__ float row_sum(float value) {
 }
 
 // The query tile of one head that a work item covers, and the keys its rows may see.
-struct BlockWork {
+struct BlockRows {
   int64_t head;
   int first_query;
   int key_end;       // no row of the block sees a key at or past it: later tiles are skipped
   int unmasked_end;  // every row sees every key before it: tiles ending there need no mask
 };
 
-// Without masking every query tile costs the same, and work items run through the query tiles of
-// one head, then the next: blocks resident together read the same head's K and V, shared in L2.
-// With causal masking query tile t needs the keys up to its last row only, so its cost grows with
-// t, and the items go heaviest first: the last query tile of every head, then the one before, and
-// so on. Blocks start roughly in the order of blockIdx.x, so the long blocks start at once and the
-// short ones fill the SMs as the long ones finish (longest-processing-time-first scheduling): no
-// long block, started last, keeps the kernel running on a few SMs.
+// Which query tile of which head work item `work` is, as in stages 03 and 04 (kernel::block_work,
+// in common/include/fa/kernel/launch_order.cuh): without masking the query tiles of one head, then
+// the next, so that blocks resident together share a head's K and V in L2; with causal masking
+// heaviest first (the last query tile of every head, then the one before, ...), so that the short
+// blocks fill the SMs as the long ones finish.
 template <class T, bool kCausal>
-__device__ __forceinline__ BlockWork block_work(int64_t work, int64_t query_tiles, int64_t heads_total, int seq) {
-  BlockWork block;
-  if (kCausal) {
-    block.head = work % heads_total;
-    block.first_query = static_cast<int>(query_tiles - 1 - work / heads_total) * T::kQueryRows;
-    // Row i sees keys 0..i: the block's last row first_query + kQueryRows - 1 sees the most, its
-    // first row the fewest.
-    block.key_end = min(seq, block.first_query + T::kQueryRows);
-    block.unmasked_end = min(seq, block.first_query + 1);
-  } else {
-    block.head = work / query_tiles;
-    block.first_query = static_cast<int>(work % query_tiles) * T::kQueryRows;
-    block.key_end = seq;
-    block.unmasked_end = seq;
-  }
+__device__ __forceinline__ BlockRows block_rows(int64_t work, int64_t query_tiles, int64_t heads_total, int seq) {
+  const kernel::BlockWork item = kernel::block_work(work, static_cast<int>(query_tiles), heads_total, kCausal);
+  BlockRows block;
+  block.head = item.query_head;
+  block.first_query = item.query_tile * T::kQueryRows;
+  // Row i sees keys 0..i (causal.hpp; kernel::visible_key_limit is the rule in 32 bits): the
+  // block's last row first_query + kQueryRows - 1 sees the most, its first row the fewest. Without
+  // the mask every row sees all N.
+  block.key_end = kernel::visible_key_limit(block.first_query + T::kQueryRows - 1, seq, seq, kCausal);
+  block.unmasked_end = kernel::visible_key_limit(block.first_query, seq, seq, kCausal);
   return block;
 }
 
-// One work item per query tile of one head, numbered as block_work says; a grid-stride loop over
+// One work item per query tile of one head, numbered as block_rows says; a grid-stride loop over
 // them, so any B·H·N fits in the grid. `vectorized` is uniform: D % 4 == 0 and all four tensors
 // 16-byte aligned.
 template <class T, bool kCausal>
@@ -345,7 +343,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   const int64_t query_tiles = (seq + T::kQueryRows - 1) / T::kQueryRows;
   for (int64_t work = blockIdx.x; work < query_tiles * heads_total; work += gridDim.x) {
-    const BlockWork block = block_work<T, kCausal>(work, query_tiles, heads_total, seq);
+    const BlockRows block = block_rows<T, kCausal>(work, query_tiles, heads_total, seq);
     const int first_query = block.first_query;
     const int64_t head_offset = block.head * seq * dim;
     const float* q_head = q + head_offset;
@@ -399,7 +397,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < T::kRowsPerThread; ++i) {
           const int query = first_query + warp_row0 + row_group + kRowGroups * i;
-          const int row_key_end = kCausal ? min(seq, query + 1) : seq;  // rows past N get N
+          const int row_key_end = kernel::visible_key_limit(query, seq, seq, kCausal);  // rows past N get N
 #pragma unroll
           for (int j = 0; j < T::kKeysPerThread; ++j) {
             if (first_key + column_group + kColumnGroups * j >= row_key_end) scores[i][j] = -INFINITY;
@@ -484,7 +482,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
 }
 
-struct Problem {
+// One problem as the launch sees it. Q, K, V and O are (B·H, N, D) with D fastest.
+struct Attention {
   const float* q;
   const float* k;
   const float* v;
@@ -497,59 +496,54 @@ struct Problem {
   bool causal;
 };
 
+// Declines (unsupported) without launching when the GPU does not give one block the
+// configuration's shared memory.
 template <class T, bool kCausal>
-cudaError_t launch(const Problem& problem, cudaStream_t stream) {
+Status launch(const Attention& attention, cudaStream_t stream) {
   const auto kernel = float4_tiles_attention<T, kCausal>;
-  // Beyond 48 KB of dynamic shared memory a kernel must opt in.
-  FA_CUDA_TRY(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(T::kSharedBytes)));
-  const int64_t work_items = (problem.seq + T::kQueryRows - 1) / T::kQueryRows * problem.heads_total;
-  const auto blocks = static_cast<unsigned>(std::min(work_items, kMaxGridX));
-  kernel<<<blocks, T::kThreads, T::kSharedBytes, stream>>>(problem.q, problem.k, problem.v, problem.o,
-                                                           problem.heads_total, problem.seq, problem.dim,
-                                                           problem.score_scale, problem.vectorized);
+  // Beyond 48 KB of dynamic shared memory a kernel must opt in (fa/launch.hpp).
+  FA_STATUS_TRY(opt_in_shared_memory_default_carveout(kernel, static_cast<int64_t>(T::kSharedBytes)));
+  // Blocks past 2^31 - 1 would be covered by the grid-stride loop (the harness's size limits keep
+  // the work items below that).
+  const int64_t work_items = (attention.seq + T::kQueryRows - 1) / T::kQueryRows * attention.heads_total;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(work_items, INT_MAX));
+  kernel<<<blocks, T::kThreads, T::kSharedBytes, stream>>>(attention.q, attention.k, attention.v, attention.o,
+                                                           attention.heads_total, attention.seq, attention.dim,
+                                                           attention.score_scale, attention.vectorized);
   FA_LAUNCH_TRY();
-  return cudaSuccess;
+  return Status();
 }
 
-// Launches the first configuration whose shared memory fits in `shared_limit` bytes.
+// Launches the first configuration whose shared memory the GPU gives one block: a larger one
+// declines (launch) and the next is tried.
 template <class T, class... Smaller>
-cudaError_t launch_largest_fitting(std::size_t shared_limit, const Problem& problem, cudaStream_t stream) {
-  if (T::kSharedBytes <= shared_limit) {
-    return problem.causal ? launch<T, true>(problem, stream) : launch<T, false>(problem, stream);
-  }
+Status launch_largest_fitting(const Attention& attention, cudaStream_t stream) {
+  const Status status = attention.causal ? launch<T, true>(attention, stream) : launch<T, false>(attention, stream);
   if constexpr (sizeof...(Smaller) > 0) {
-    return launch_largest_fitting<Smaller...>(shared_limit, problem, stream);
-  } else {
-    return cudaErrorInvalidConfiguration;
+    if (status.code() == Status::Code::unsupported) return launch_largest_fitting<Smaller...>(attention, stream);
   }
+  return status;
 }
 
-bool aligned16(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
-
-cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void* /*workspace*/,
-                    cudaStream_t stream) {
-  if (!validate_shape(shape, kMaxDim).empty()) return cudaErrorInvalidValue;
-  if (q == nullptr || k == nullptr || v == nullptr || o == nullptr) return cudaErrorInvalidValue;
-  int device = 0;
-  int shared_limit = 0;
-  FA_CUDA_TRY(cudaGetDevice(&device));
-  FA_CUDA_TRY(cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-
-  const Problem problem{static_cast<const float*>(q),
-                        static_cast<const float*>(k),
-                        static_cast<const float*>(v),
-                        static_cast<float*>(o),
-                        shape.heads_total(),
-                        static_cast<int>(shape.seq),
-                        static_cast<int>(shape.dim),
-                        softmax_scale(shape) * kLog2e,
-                        shape.dim % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(o),
-                        shape.causal};
-  const auto limit = static_cast<std::size_t>(shared_limit);
-  if (shape.dim <= 64) return launch_largest_fitting<Dim64Large, Dim64Small>(limit, problem, stream);
-  if (shape.dim <= 128) return launch_largest_fitting<Dim128Large, Dim128Mid, Dim128Small>(limit, problem, stream);
-  return launch_largest_fitting<Dim256Large, Dim256Small>(limit, problem, stream);
+// The runner has checked the problem against the descriptor before this runs; a direct call (the
+// stage's tests make some) is checked here too, before anything touches the GPU.
+Status forward(const ForwardArgs& args) {
+  FA_STATUS_TRY(check_forward_args(args, kMaxDim));
+  const Problem& problem = args.problem;
+  const int64_t seq = problem.q_seq;  // this stage takes Nq = Nk only (its descriptor says so)
+  const Attention attention{static_cast<const float*>(args.q),
+                            static_cast<const float*>(args.k),
+                            static_cast<const float*>(args.v),
+                            static_cast<float*>(args.o),
+                            problem.q_heads_total(),
+                            static_cast<int>(seq),
+                            static_cast<int>(problem.dim),
+                            softmax_scale(problem) * kLog2e,
+                            problem.dim % 4 == 0 && all_aligned16({args.q, args.k, args.v, args.o}),
+                            problem.causal};
+  if (problem.dim <= 64) return launch_largest_fitting<Dim64Large, Dim64Small>(attention, args.stream);
+  if (problem.dim <= 128) return launch_largest_fitting<Dim128Large, Dim128Mid, Dim128Small>(attention, args.stream);
+  return launch_largest_fitting<Dim256Large, Dim256Small>(attention, args.stream);
 }
 
 }  // namespace
@@ -563,9 +557,10 @@ StageDescriptor float4_tiles() {
   stage.forward = &forward;
   stage.workspace_bytes = nullptr;
   stage.max_dim = kMaxDim;
-  stage.min_compute_capability = 75;
-  stage.supports_causal = true;
+  stage.architecture = {75, false};
+  stage.features.causal = true;  // and nothing else: square problems (Hq = Hkv, Nq = Nk), no LSE
   stage.trace = nullptr;
+  stage.kv_passes = 1.0;  // in K+V reads per query tile: one pass over K and V
   stage.source_hash = FA_SOURCE_HASH;
   return stage;
 }

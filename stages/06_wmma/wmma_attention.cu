@@ -16,18 +16,25 @@
 // buckets of 16, 32, 64, 128 and 256 (a fragment is 16 wide); any other D is padded with zeros
 // up to the next bucket inside the kernel, which changes no dot product.
 //
-// Causal masking (query i sees keys 0..i): a block stops at the K/V tile that holds its last
+// Causal masking (query i sees keys 0..i; the rule is written once, in common/include/fa/causal.hpp,
+// and in 32 bits as kernel::visible_key_limit): a block stops at the K/V tile that holds its last
 // row's key, so tiles wholly above the diagonal are never loaded; only tiles that cross the
-// diagonal are masked key by key; the blocks with the most tiles are launched first.
+// diagonal are masked key by key; the blocks with the most tiles are launched first
+// (kernel::block_work).
+//
+// Device helpers that later stages reuse live in common/include/fa/kernel/: from this stage,
+// fast_exp2 (exp2.cuh; what it does is said below, where this file takes it in).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
 
-#include <climits>
 #include <cmath>
 #include <cstdint>
 
 #include "fa/cuda_check.hpp"
+#include "fa/kernel/exp2.cuh"
+#include "fa/kernel/launch_order.cuh"
+#include "fa/launch.hpp"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
@@ -45,7 +52,14 @@ constexpr int kQueryRows = kWarps * kFragment;  // Br: query rows per block, 16 
 constexpr int kMaxDim = 256;
 constexpr int kChunkHalves = 8;  // one 16-byte vector load
 constexpr unsigned kFullWarp = 0xffffffffu;
-constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^x on the special-function unit: the instruction ex2.approx.ftz.f32, which flushes results
+// below 2^-126 to zero (far below anything FP16 can hold); exp2f would wrap the same instruction
+// in a fix-up for those tiny results. The softmax works in log2 units, with log2(e) folded into
+// the scale (kLog2e), so every exponential is one fast_exp2. Written in
+// common/include/fa/kernel/exp2.cuh, which stage 07 includes as well.
+using kernel::fast_exp2;
+using kernel::kLog2e;
 
 // A: 16 query rows x 16 head dims of Q, or 16 rows x 16 keys of P. B: K^T (K stored row-major
 // is K^T stored column-major) or V. The accumulator holds S or O in FP32.
@@ -132,14 +146,6 @@ __device__ void load_tile(__half* tile, int stride, const __half* source, int va
   }
 }
 
-// 2^x on the special-function unit, flushing results below 2^-126 to zero (far below anything
-// FP16 can hold). exp2f would wrap the same instruction in a fix-up for those tiny results.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float result;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(x));
-  return result;
-}
-
 // Two floats rounded to FP16, as the 32 bits that hold them (low half first in memory).
 __device__ __forceinline__ unsigned pack_halves(float low, float high) {
   const __half2 pair = __floats2half2_rn(low, high);
@@ -170,21 +176,20 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
   float* factors = reinterpret_cast<float*>(scratch + T::kProbBytes);
   float* output_tile = reinterpret_cast<float*>(scratch);
 
-  // Which query tile of which head. Without masking every block has the same work, and a head's
-  // query tiles are numbered together: blocks resident at once read the same K/V, shared in L2.
-  // With causal masking query tile t reads t + 1 tiles' worth of K/V, so the query tile is the
-  // slow index and runs backwards: the longest blocks start first and the short ones fill in the
-  // tail as they finish (longest-processing-time-first), instead of a late long block running
-  // on alone.
-  const int query_tile = causal ? query_tiles - 1 - static_cast<int>(blockIdx.x) / heads_total
-                                : static_cast<int>(blockIdx.x) % query_tiles;
-  const int64_t head = causal ? blockIdx.x % heads_total : blockIdx.x / query_tiles;
-  const int64_t head_offset = head * seq * dim;
-  const int block_first_row = query_tile * kQueryRows;
+  // Which query tile of which head (kernel::block_work). Without masking every block has the same
+  // work, and a head's query tiles are numbered together: blocks resident at once read the same
+  // K/V, shared in L2. With causal masking query tile t reads t + 1 tiles' worth of K/V, so the
+  // query tile is the slow index and runs backwards: the longest blocks start first and the short
+  // ones fill in the tail as they finish (longest-processing-time-first), instead of a late long
+  // block running on alone.
+  const kernel::BlockWork work = kernel::block_work(blockIdx.x, query_tiles, heads_total, causal);
+  const int64_t head_offset = work.query_head * seq * dim;
+  const int block_first_row = work.query_tile * kQueryRows;
   const int warp_first_row = block_first_row + warp * kFragment;
-  const int warp_last_row = warp_first_row + kFragment - 1;
-  // Causal: no row of the block sees a key past its last row, so the loop stops at that key.
-  const int key_end = causal ? min(seq, block_first_row + kQueryRows) : seq;
+  // Causal: no row of the block sees a key past what its last row sees, so the loop stops there;
+  // no row of the warp sees a key past what the warp's last row sees.
+  const int key_end = kernel::visible_key_limit(block_first_row + kQueryRows - 1, seq, seq, causal);
+  const int warp_key_end = kernel::visible_key_limit(warp_first_row + kFragment - 1, seq, seq, causal);
 
   // For the softmax, lanes 2r and 2r+1 own row r of the warp's 16; each takes every other
   // group of 4 columns (the interleaving keeps the score reads free of bank conflicts).
@@ -221,10 +226,10 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
                                                    v + head_offset + static_cast<int64_t>(key_base) * dim, valid_keys,
                                                    dim, threadIdx.x);
     __syncthreads();  // the tile is complete
-    // Causal: a tile that starts past the warp's last row is all masked for its 16 rows (it
-    // happens with the 16-key tiles of D = 256, for the block's first warps on the diagonal).
-    // The warp only had to share the load; it skips the products.
-    if (causal && key_base > warp_last_row) continue;
+    // Causal: a tile that starts past every key the warp's last row sees is all masked for its 16
+    // rows (it happens with the 16-key tiles of D = 256, for the block's first warps on the
+    // diagonal). The warp only had to share the load; it skips the products.
+    if (key_base >= warp_key_end) continue;
 
     // S = Q K^T for the warp's 16 rows, into its score slice. Two 16-key accumulators at a
     // time: their chains of dependent products interleave, so the tensor core has work while
@@ -269,11 +274,10 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
       s[4 * c + 3] = group.w;
     }
     // Keys past N weigh nothing (the last tile), and with causal masking neither do keys past the
-    // row's own position (tiles that cross the diagonal: some key of the tile lies past the
-    // warp's first row). Every other tile skips the test, one comparison for the whole warp.
-    if (valid_keys < T::kKeys || (causal && key_base + T::kKeys - 1 > warp_first_row)) {
-      const int my_query_row = warp_first_row + my_row;
-      const int visible_keys = causal ? min(valid_keys, my_query_row - key_base + 1) : valid_keys;
+    // row's own position (tiles that cross the diagonal: some key of the tile lies past what the
+    // warp's first row sees). Every other tile skips the test, one comparison for the whole warp.
+    if (key_base + T::kKeys > kernel::visible_key_limit(warp_first_row, seq, seq, causal)) {
+      const int visible_keys = kernel::visible_key_limit(warp_first_row + my_row, seq, seq, causal) - key_base;
 #pragma unroll
       for (int i = 0; i < kScoresPerLane; ++i) {
         if (8 * (i / 4) + 4 * my_half + i % 4 >= visible_keys) s[i] = -INFINITY;
@@ -373,57 +377,40 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
 }
 
 template <int kDim, bool kVectorIo>
-cudaError_t launch(const Shape& shape, const __half* q, const __half* k, const __half* v, __half* o,
-                   cudaStream_t stream) {
+Status launch(const ForwardArgs& args) {
   using T = Tiling<kDim>;
+  const Problem& problem = args.problem;
+  const int64_t seq = problem.q_seq;  // this stage takes Nq = Nk only (its descriptor says so)
   const auto kernel = &wmma_attention_kernel<kDim, kVectorIo>;
-  int device = 0;
-  int shared_limit = 0;
-  FA_CUDA_TRY(cudaGetDevice(&device));
-  FA_CUDA_TRY(cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (T::kSharedBytes > shared_limit) return cudaErrorInvalidConfiguration;
-  // Above 48 KB a kernel must opt in to dynamic shared memory; ask for the largest carveout so
-  // several blocks fit on one SM.
-  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSharedBytes));
-  FA_CUDA_TRY(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  // Above 48 KB a kernel must opt in to dynamic shared memory; opt_in_shared_memory (fa/launch.hpp)
+  // checks the device's limit and asks for the largest carveout, so several blocks fit on one SM.
+  FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
 
-  const int64_t query_tiles = (shape.seq + kQueryRows - 1) / kQueryRows;
-  const int64_t blocks = query_tiles * shape.heads_total();
-  if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  const float scale_log2 = softmax_scale(shape) * kLog2e;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, T::kSharedBytes, stream>>>(
-      q, k, v, o, static_cast<int>(shape.seq), static_cast<int>(shape.dim), static_cast<int>(query_tiles),
-      static_cast<int>(shape.heads_total()), shape.causal, scale_log2);
+  const int64_t query_tiles = (seq + kQueryRows - 1) / kQueryRows;
+  const int64_t blocks = query_tiles * problem.q_heads_total();
+  FA_STATUS_TRY(check_grid(blocks));
+  const float scale_log2 = softmax_scale(problem) * kLog2e;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, T::kSharedBytes, args.stream>>>(
+      static_cast<const __half*>(args.q), static_cast<const __half*>(args.k), static_cast<const __half*>(args.v),
+      static_cast<__half*>(args.o), static_cast<int>(seq), static_cast<int>(problem.dim), static_cast<int>(query_tiles),
+      static_cast<int>(problem.q_heads_total()), problem.causal, scale_log2);
   FA_LAUNCH_TRY();
-  return cudaSuccess;
+  return Status();
 }
 
-// The 16-byte path and the element-by-element fallback are separate kernels, so neither carries
-// the other's registers.
-template <int kDim>
-cudaError_t launch_bucket(const Shape& shape, const __half* q, const __half* k, const __half* v, __half* o,
-                          bool vector_io, cudaStream_t stream) {
-  return vector_io ? launch<kDim, true>(shape, q, k, v, o, stream) : launch<kDim, false>(shape, q, k, v, o, stream);
-}
-
-bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
-
-cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void* /*workspace*/,
-                    cudaStream_t stream) {
-  if (!validate_shape(shape, kMaxDim).empty()) return cudaErrorInvalidValue;
-  if (q == nullptr || k == nullptr || v == nullptr || o == nullptr) return cudaErrorInvalidValue;
-  const auto* q16 = static_cast<const __half*>(q);
-  const auto* k16 = static_cast<const __half*>(k);
-  const auto* v16 = static_cast<const __half*>(v);
-  auto* o16 = static_cast<__half*>(o);
-  // 16-byte loads and stores need every row to start on a 16-byte boundary.
-  const bool vector_io = shape.dim % kChunkHalves == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(o);
-  if (shape.dim <= 16) return launch_bucket<16>(shape, q16, k16, v16, o16, vector_io, stream);
-  if (shape.dim <= 32) return launch_bucket<32>(shape, q16, k16, v16, o16, vector_io, stream);
-  if (shape.dim <= 64) return launch_bucket<64>(shape, q16, k16, v16, o16, vector_io, stream);
-  if (shape.dim <= 128) return launch_bucket<128>(shape, q16, k16, v16, o16, vector_io, stream);
-  return launch_bucket<256>(shape, q16, k16, v16, o16, vector_io, stream);
+// The runner has checked the problem against the descriptor before this runs; a direct call (the
+// stage's tests make some) is checked here too, before anything touches the GPU.
+Status forward(const ForwardArgs& args) {
+  FA_STATUS_TRY(check_forward_args(args, kMaxDim));
+  const Problem& problem = args.problem;
+  // 16-byte loads and stores need every row to start on a 16-byte boundary. The 16-byte path and
+  // the element-by-element fallback are separate kernels, so neither carries the other's
+  // registers.
+  const bool vector_io = problem.dim % kChunkHalves == 0 && all_aligned16({args.q, args.k, args.v, args.o});
+  return dispatch_head_dim<16, 32, 64, 128, 256>(problem.dim, [&](auto bucket) {
+    constexpr int kDim = decltype(bucket)::value;
+    return vector_io ? launch<kDim, true>(args) : launch<kDim, false>(args);
+  });
 }
 
 }  // namespace
@@ -437,9 +424,10 @@ StageDescriptor wmma_tensor_cores() {
   stage.forward = &forward;
   stage.workspace_bytes = nullptr;
   stage.max_dim = kMaxDim;
-  stage.supports_causal = true;
-  stage.min_compute_capability = 75;
+  stage.architecture = {75, false};
+  stage.features.causal = true;  // and nothing else: square problems (Hq = Hkv, Nq = Nk), no LSE
   stage.trace = nullptr;
+  stage.kv_passes = 1.0;  // in K+V reads per query tile: one pass over K and V
   stage.source_hash = FA_SOURCE_HASH;
   return stage;
 }

@@ -19,29 +19,36 @@
 // O in accumulator fragments.
 //
 // The kernel is a template on the element type: FP16 (__half) or BF16 (__nv_bfloat16), both
-// accumulated in FP32; P is rounded to the input type for the P·V product. cp.async and BF16
-// WMMA need sm_80, so on older GPUs forward() refuses before it launches anything.
+// accumulated in FP32; P is rounded to the input type for the P·V product (to_element and
+// pack_pair, from common/include/fa/kernel/convert.cuh). cp.async and BF16 WMMA need sm_80: the
+// descriptor says so, and the runner refuses older GPUs before anything is launched.
 //
-// Causal masking (query i sees keys 0..i): a block stops at the K/V tile that holds its last
+// Causal masking (query i sees keys 0..i; the rule is written once, in common/include/fa/causal.hpp,
+// and in 32 bits as kernel::visible_key_limit): a block stops at the K/V tile that holds its last
 // row's key, so tiles wholly above the diagonal are never copied; only tiles that cross the
-// diagonal are masked key by key; the blocks with the most tiles are launched first.
+// diagonal are masked key by key; the blocks with the most tiles are launched first
+// (kernel::block_work).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
 
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
 #include "fa/cuda_check.hpp"
+#include "fa/kernel/convert.cuh"
+#include "fa/kernel/cp_async.cuh"
+#include "fa/kernel/exp2.cuh"
+#include "fa/kernel/launch_order.cuh"
+#include "fa/launch.hpp"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
 
 // The device code of this file uses sm_80 instructions. It still compiles for older targets (the
-// host code must), where the kernel body is a trap that forward() never lets run.
+// host code must), where the kernel body is a trap that the runner never lets run.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define FA_STAGE07_DEVICE_CODE 1
 #else
@@ -60,8 +67,29 @@ constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kQueryRows = kWarps * kFragment;  // Br: query rows per block, 16 per warp
 constexpr int kMaxDim = 256;
 constexpr int kChunkElements = 8;  // one 16-byte copy of 16-bit elements
-constexpr int kMinComputeCapability = 80;
-constexpr float kLog2e = 1.4426950408889634f;
+
+// The asynchronous copies, Ampere's three PTX instructions, wrapped in
+// common/include/fa/kernel/cp_async.cuh (stage 08 uses them too; read that file beside this one):
+//   copy_async_16(shared, global, bytes)  cp.async.cg.shared.global [shared], [global], 16, bytes
+//       copies 16 bytes global -> shared without waiting for them; `.cg` caches them in L2 only
+//       (K and V are reused by other blocks through L2, never by this SM through L1); with
+//       bytes = 0 it reads nothing and writes 16 zero bytes, which is how rows past N and
+//       padding columns are cleared without a branch around the copy.
+//   commit_copies()                       cp.async.commit_group
+//       closes the group of copies this thread has issued since its last commit.
+//   wait_copies<N>()                      cp.async.wait_group N
+//       waits until at most N of this thread's committed groups are still in flight. It covers
+//       this thread's copies only: a __syncthreads after it makes every thread's copies visible.
+using kernel::commit_copies;
+using kernel::copy_async_16;
+using kernel::wait_copies;
+
+// 2^x on the special-function unit, as in stage 06 (common/include/fa/kernel/exp2.cuh), and
+// FP32 -> the element type, one value or a rounded pair (common/include/fa/kernel/convert.cuh).
+using kernel::fast_exp2;
+using kernel::kLog2e;
+using kernel::pack_pair;
+using kernel::to_element;
 
 // A: 16 query rows x 16 head dims of Q, or 16 rows x 16 keys of P. B: K^T (K stored row-major
 // is K^T stored column-major) or V. The accumulator holds S or O in FP32.
@@ -125,27 +153,6 @@ struct Tiling {
   static_assert(kSlots >= 2, "a pipeline needs a tile in flight while another is computed");
 };
 
-// FP32 -> the element type, and two FP32 values as the 32 bits of a rounded pair (low first).
-template <typename Element>
-__device__ __forceinline__ Element to_element(float value) {
-  if constexpr (std::is_same_v<Element, __half>) {
-    return __float2half_rn(value);
-  } else {
-    return __float2bfloat16_rn(value);
-  }
-}
-
-template <typename Element>
-__device__ __forceinline__ unsigned pack_pair(float low, float high) {
-  if constexpr (std::is_same_v<Element, __half>) {
-    const __half2 pair = __floats2half2_rn(low, high);
-    return *reinterpret_cast<const unsigned*>(&pair);
-  } else {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
-    return *reinterpret_cast<const unsigned*>(&pair);
-  }
-}
-
 // Copies `rows` rows of a (rows x dim) matrix from global memory into a shared tile of kDim
 // columns with ordinary loads and stores, writing zeros in the padding columns (dim..kDim) and in
 // the rows past `valid_rows`. Used for the warp's Q rows (read once, nothing to overlap) and, on
@@ -203,38 +210,10 @@ __device__ __forceinline__ void load_fragment(
   }
 }
 
-// 2^x on the special-function unit, flushing results below 2^-126 to zero (far below anything
-// a 16-bit type can hold). exp2f would wrap the same instruction in a fix-up for those results.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float result;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(x));
-  return result;
-}
-
-// One 16-byte asynchronous copy global -> shared. `.cg` caches it in L2 only (K and V are
-// reused by other blocks through L2, never by this SM through L1). With source_bytes = 0 it
-// reads nothing and fills the 16 bytes with zeros: that is how rows past N and padding columns
-// are cleared without a branch around the copy.
-__device__ __forceinline__ void copy_async_16(void* shared_destination, const void* global_source, int source_bytes) {
-  const unsigned destination = static_cast<unsigned>(__cvta_generic_to_shared(shared_destination));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(global_source),
-               "r"(source_bytes)
-               : "memory");
-}
-
-// Closes the group of copies this thread has issued since the last commit.
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-// Waits until at most kPending of this thread's committed groups are still in flight. It covers
-// only this thread's copies: a __syncthreads after it makes every thread's copies visible.
-template <int kPending>
-__device__ __forceinline__ void wait_copies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
 // Issues the copies of a tile (kRows rows of kDim columns: a K or V tile by the block, a warp's Q
-// rows by the warp) into shared memory, without waiting for them. Each of the kThreadCount
-// threads copies the same 16-byte column of every kRowsPerPass-th row.
+// rows by the warp) into shared memory, without waiting for them: one copy_async_16 per 16-byte
+// chunk, zero-filled past valid_rows and past dim. Each of the kThreadCount threads copies the
+// same 16-byte column of every kRowsPerPass-th row.
 template <typename Element, int kDim, int kRows, int kThreadCount>
 __device__ void issue_tile_async(Element* tile, int stride, const Element* source, int valid_rows, int dim,
                                  int thread) {
@@ -279,22 +258,17 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
   float* factors = reinterpret_cast<float*>(scratch + T::kProbBytes);
   float* output_tile = reinterpret_cast<float*>(scratch);
 
-  // Which query tile of which head. Without masking every block has the same work, and a head's
-  // query tiles are numbered together: blocks resident at once read the same K/V, shared in L2.
-  // With causal masking query tile t reads t + 1 tiles' worth of K/V, so the query tile is the
-  // slow index and runs backwards: the longest blocks start first and the short ones fill in the
-  // tail as they finish (longest-processing-time-first), instead of a late long block running
-  // on alone.
-  const int query_tile = causal ? query_tiles - 1 - static_cast<int>(blockIdx.x) / heads_total
-                                : static_cast<int>(blockIdx.x) % query_tiles;
-  const int64_t head = causal ? blockIdx.x % heads_total : blockIdx.x / query_tiles;
-  const int64_t head_offset = head * seq * dim;
-  const int block_first_row = query_tile * kQueryRows;
+  // Which query tile of which head, as in stage 06 (kernel::block_work): head-major without the
+  // mask, so that blocks resident at once share a head's K/V in L2; heaviest first with it
+  // (longest-processing-time-first), so that no long block starts last and runs on alone.
+  const kernel::BlockWork work = kernel::block_work(blockIdx.x, query_tiles, heads_total, causal);
+  const int64_t head_offset = work.query_head * seq * dim;
+  const int block_first_row = work.query_tile * kQueryRows;
   const int warp_first_row = block_first_row + warp * kFragment;
-  // Causal: no row of the block sees a key past its last row, so the stream stops at the tile
-  // that holds that key; the prologue and the refills count only these tiles, so no copy of a
-  // tile above the diagonal is ever issued.
-  const int key_end = causal ? min(seq, block_first_row + kQueryRows) : seq;
+  // Causal: no row of the block sees a key past what its last row sees, so the stream stops at
+  // the tile that holds that key; the prologue and the refills count only these tiles, so no copy
+  // of a tile above the diagonal is ever issued.
+  const int key_end = kernel::visible_key_limit(block_first_row + kQueryRows - 1, seq, seq, causal);
   const int tiles = (key_end + T::kKeys - 1) / T::kKeys;
   const int items = 2 * tiles;  // the stream K0, V0, K1, V1, ...
 
@@ -418,11 +392,10 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
       s[4 * c + 3] = group.w;
     }
     // Keys past N weigh nothing (the last tile), and with causal masking neither do keys past the
-    // row's own position (tiles that cross the diagonal: some key of the tile lies past the
-    // warp's first row). Every other tile skips the test, one comparison for the whole warp.
-    if (valid_keys < T::kKeys || (causal && key_base + T::kKeys - 1 > warp_first_row)) {
-      const int my_query_row = warp_first_row + my_row;
-      const int visible_keys = causal ? min(valid_keys, my_query_row - key_base + 1) : valid_keys;
+    // row's own position (tiles that cross the diagonal: some key of the tile lies past what the
+    // warp's first row sees). Every other tile skips the test, one comparison for the whole warp.
+    if (key_base + T::kKeys > kernel::visible_key_limit(warp_first_row, seq, seq, causal)) {
+      const int visible_keys = kernel::visible_key_limit(warp_first_row + my_row, seq, seq, causal) - key_base;
       const int limit = visible_keys - 4 * my_half;
 #pragma unroll
       for (int i = 0; i < kScoresPerLane; ++i) {
@@ -521,70 +494,45 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
     __syncwarp();  // the staging tile is read before the next one overwrites it
   }
 #else
-  __trap();  // never launched: forward() refuses GPUs older than sm_80
+  __trap();  // never launched: the runner refuses GPUs older than sm_80 (the descriptor's architecture)
 #endif
 }
 
 template <typename Element, int kDim, bool kAsyncCopies>
-cudaError_t launch(const Shape& shape, const Element* q, const Element* k, const Element* v, Element* o,
-                   cudaStream_t stream) {
+Status launch(const ForwardArgs& args) {
   using T = Tiling<kDim>;
+  const Problem& problem = args.problem;
+  const int64_t seq = problem.q_seq;  // this stage takes Nq = Nk only (its descriptor says so)
   const auto kernel = &pipelined_attention_kernel<Element, kDim, kAsyncCopies>;
-  int device = 0;
-  int shared_limit = 0;
-  FA_CUDA_TRY(cudaGetDevice(&device));
-  FA_CUDA_TRY(cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (T::kSharedBytes > shared_limit) return cudaErrorInvalidConfiguration;
-  FA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSharedBytes));
-  FA_CUDA_TRY(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  // Beyond 48 KB of dynamic shared memory, and with the largest carveout, as in stage 06.
+  FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
 
-  const int64_t query_tiles = (shape.seq + kQueryRows - 1) / kQueryRows;
-  const int64_t blocks = query_tiles * shape.heads_total();
-  if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  const float scale_log2 = softmax_scale(shape) * kLog2e;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, T::kSharedBytes, stream>>>(
-      q, k, v, o, static_cast<int>(shape.seq), static_cast<int>(shape.dim), static_cast<int>(query_tiles),
-      static_cast<int>(shape.heads_total()), shape.causal, scale_log2);
+  const int64_t query_tiles = (seq + kQueryRows - 1) / kQueryRows;
+  const int64_t blocks = query_tiles * problem.q_heads_total();
+  FA_STATUS_TRY(check_grid(blocks));
+  const float scale_log2 = softmax_scale(problem) * kLog2e;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, T::kSharedBytes, args.stream>>>(
+      static_cast<const Element*>(args.q), static_cast<const Element*>(args.k), static_cast<const Element*>(args.v),
+      static_cast<Element*>(args.o), static_cast<int>(seq), static_cast<int>(problem.dim),
+      static_cast<int>(query_tiles), static_cast<int>(problem.q_heads_total()), problem.causal, scale_log2);
   FA_LAUNCH_TRY();
-  return cudaSuccess;
+  return Status();
 }
 
-// The cp.async path and the synchronous fallback are separate kernels, so neither carries the
-// other's registers.
-template <typename Element, int kDim>
-cudaError_t launch_bucket(const Shape& shape, const Element* q, const Element* k, const Element* v, Element* o,
-                          bool async_copies, cudaStream_t stream) {
-  return async_copies ? launch<Element, kDim, true>(shape, q, k, v, o, stream)
-                      : launch<Element, kDim, false>(shape, q, k, v, o, stream);
-}
-
-bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
-
+// The runner has checked the problem and the GPU (sm_80 or newer) against the descriptor before
+// this runs; a direct call (the stage's tests make some) has its sizes and pointers checked here
+// too, before anything touches the GPU.
 template <typename Element>
-cudaError_t forward(const Shape& shape, const void* q, const void* k, const void* v, void* o, void* /*workspace*/,
-                    cudaStream_t stream) {
-  if (!validate_shape(shape, kMaxDim).empty()) return cudaErrorInvalidValue;
-  if (q == nullptr || k == nullptr || v == nullptr || o == nullptr) return cudaErrorInvalidValue;
-  int device = 0;
-  int major = 0;
-  int minor = 0;
-  FA_CUDA_TRY(cudaGetDevice(&device));
-  FA_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  FA_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major * 10 + minor < kMinComputeCapability) return cudaErrorInvalidDeviceFunction;  // no cp.async before sm_80
-  const auto* qe = static_cast<const Element*>(q);
-  const auto* ke = static_cast<const Element*>(k);
-  const auto* ve = static_cast<const Element*>(v);
-  auto* oe = static_cast<Element*>(o);
-  // 16-byte copies need every row to start on a 16-byte boundary.
-  const bool async_copies =
-      shape.dim % kChunkElements == 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(o);
-  if (shape.dim <= 16) return launch_bucket<Element, 16>(shape, qe, ke, ve, oe, async_copies, stream);
-  if (shape.dim <= 32) return launch_bucket<Element, 32>(shape, qe, ke, ve, oe, async_copies, stream);
-  if (shape.dim <= 64) return launch_bucket<Element, 64>(shape, qe, ke, ve, oe, async_copies, stream);
-  if (shape.dim <= 128) return launch_bucket<Element, 128>(shape, qe, ke, ve, oe, async_copies, stream);
-  return launch_bucket<Element, 256>(shape, qe, ke, ve, oe, async_copies, stream);
+Status forward(const ForwardArgs& args) {
+  FA_STATUS_TRY(check_forward_args(args, kMaxDim));
+  const Problem& problem = args.problem;
+  // 16-byte copies need every row to start on a 16-byte boundary. The cp.async path and the
+  // synchronous fallback are separate kernels, so neither carries the other's registers.
+  const bool async_copies = problem.dim % kChunkElements == 0 && all_aligned16({args.q, args.k, args.v, args.o});
+  return dispatch_head_dim<16, 32, 64, 128, 256>(problem.dim, [&](auto bucket) {
+    constexpr int kDim = decltype(bucket)::value;
+    return async_copies ? launch<Element, kDim, true>(args) : launch<Element, kDim, false>(args);
+  });
 }
 
 StageDescriptor describe(Precision precision, ForwardFn forward_function, const char* title) {
@@ -596,9 +544,10 @@ StageDescriptor describe(Precision precision, ForwardFn forward_function, const 
   stage.forward = forward_function;
   stage.workspace_bytes = nullptr;
   stage.max_dim = kMaxDim;
-  stage.supports_causal = true;
-  stage.min_compute_capability = kMinComputeCapability;
+  stage.architecture = {80, false};  // cp.async and BF16 WMMA
+  stage.features.causal = true;      // and nothing else: square problems (Hq = Hkv, Nq = Nk), no LSE
   stage.trace = nullptr;
+  stage.kv_passes = 1.0;  // in K+V reads per query tile: one pass over K and V
   stage.source_hash = FA_SOURCE_HASH;
   return stage;
 }

@@ -57,4 +57,35 @@ int run_walkthrough(const StageDescriptor& stage, std::ostream& out);
 
 int stage_main(const StageDescriptor& stage, int argc, char** argv);
 
+// The walkthrough through several stages (`fa_course --walkthrough`): the exact values once, then
+// one verdict line per stage. Returns kExitWrong when a stage that ran disagrees, else kExitOk
+// (stages that cannot run here are listed as such).
+int run_walkthrough_all(const std::vector<StageDescriptor>& stages, std::ostream& out);
+
+// Host memory. The bytes a run of `stage` on `problem` allocates in host memory (the FP32 inputs,
+// their copies in the stage's precision, the output and, for the CPU stage, its workspace), and
+// the bytes this machine can still give (MemAvailable, capped by a cgroup limit; 0 when unknown).
+// run_stage refuses a problem that does not fit as out of memory before allocating any of it.
+int64_t host_bytes_needed(const StageDescriptor& stage, const Problem& problem, bool with_lse = false);
+int64_t available_host_bytes();
+
+// How long the CPU stage takes, roughly: the FLOPs of one run over `flops_per_second`, the speed
+// measure_cpu_speed found, or when that is 0 a typical 5 GFLOP/s per OpenMP thread. For warnings
+// and refusals only.
+double estimated_cpu_seconds(const Problem& problem, double flops_per_second = 0.0);
+// The whole of a run_stage call on the CPU: one checked run, warm-up and timed runs, the
+// reference rows.
+double estimated_cpu_run_seconds(const RunOptions& options, double flops_per_second = 0.0);
+// FLOP/s of `stage` (the CPU stage) on a small problem of head dim `dim`, timed once (about a
+// tenth of a second); 0 when it could not run.
+double measure_cpu_speed(const StageDescriptor& stage, int64_t dim);
+int cpu_threads();  // OpenMP threads the CPU stage runs on
+// Beyond this estimate the CPU stage refuses a problem (stage_main), with the estimate.
+constexpr double kCpuRefuseSeconds = 3600.0;
+// Beyond this it says how long it will take before starting.
+constexpr double kCpuWarnSeconds = 20.0;
+
+// "3.2 s", "4 min", "2.5 h", "12 days".
+std::string format_duration(double seconds);
+
 }  // namespace fa

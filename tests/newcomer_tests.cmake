@@ -1,0 +1,292 @@
+# What a newcomer meets in the first hour, kept fixed: exit codes and one-line messages of the
+# executables, the walkthrough's verdict with and without a GPU, the scripts' help and errors, one
+# exercise command sequence everywhere, and, in an exercise build, a test that fails loudly where
+# the student's GPU kernel was only compiled. Every test runs without a GPU (and with one).
+#
+# Included from tests/CMakeLists.txt. The checks that read files or look at a program's output run
+# this same file as a script: cmake -DCHECK=<name> ... -P newcomer_tests.cmake.
+
+# ---------------------------------------------------------------------------------------------
+# Script mode: the checks.
+# ---------------------------------------------------------------------------------------------
+if(CMAKE_SCRIPT_MODE_FILE)
+  function(fail)
+    string(JOIN "" text ${ARGN})
+    message(FATAL_ERROR "${text}")
+  endfunction()
+
+  # Runs PROGRAM with ARGS (a ;-list); sets code and output (stdout and stderr together).
+  # ARGS: the program's arguments, separated by spaces.
+  macro(run_program)
+    separate_arguments(arguments UNIX_COMMAND "${ARGS}")
+    execute_process(COMMAND ${PROGRAM} ${arguments} RESULT_VARIABLE code OUTPUT_VARIABLE output ERROR_VARIABLE output
+                    TIMEOUT 600)
+    message("${output}")
+  endmacro()
+
+  if(CHECK STREQUAL "no_gpu_line")
+    # A GPU stage either runs (a GPU is here) or says in one line, exit code 4, what is missing,
+    # in words that do not blame the driver of a machine that has none.
+    run_program()
+    if(code EQUAL 0)
+      message("the stage ran: there is a GPU here that can run it")
+    elseif(code EQUAL 4)
+      string(STRIP "${output}" stripped)
+      if(stripped MATCHES "\n")
+        fail("exit code 4 but more than one line of output")
+      endif()
+      if(NOT stripped MATCHES "GPU|compute capability")
+        fail("the line does not say that a GPU is what is missing")
+      endif()
+      if(stripped MATCHES "driver version is insufficient")
+        fail("the line repeats the CUDA runtime's misleading 'driver version is insufficient'")
+      endif()
+    elseif(code EQUAL 1)
+      fail("the stage ran and its output is wrong (exit code 1)")
+    else()
+      fail("exit code ${code}: wanted 0 (ran) or 4 (no GPU that can run it)")
+    endif()
+
+  elseif(CHECK STREQUAL "walkthrough")
+    # --walkthrough of a GPU stage: on a GPU it agrees; without one it still prints S, the exact
+    # per-tile state and final O, then says the stage itself needs a GPU, with exit code 4.
+    run_program()
+    if(code EQUAL 0)
+      if(NOT output MATCHES "the stage agrees with the exact values")
+        fail("exit code 0 without 'the stage agrees with the exact values'")
+      endif()
+    elseif(code EQUAL 4)
+      foreach(expected "S = Q K\\^T" "tile 1 row 3  m" "Exact final O" "itself runs on a CUDA GPU")
+        if(NOT output MATCHES "${expected}")
+          fail("exit code 4, but the output lacks '${expected}'")
+        endif()
+      endforeach()
+      if(output MATCHES "trace failed|driver version is insufficient")
+        fail("the walkthrough reports a failure instead of the exact values")
+      endif()
+    elseif(code EQUAL 1)
+      fail("the stage disagrees with the exact values (exit code 1): its values are printed beside them above")
+    else()
+      fail("exit code ${code}: wanted 0 (agrees) or 4 (no GPU: exact values only)")
+    endif()
+
+  elseif(CHECK STREQUAL "cmake_minimum")
+    # CMakeLists.txt, CMakePresets.json and the scripts ask for the same CMake, and the presets'
+    # schema version is one that CMake reads (version 5: CMake 3.24; 6: 3.25).
+    file(READ ${ROOT}/CMakeLists.txt lists)
+    string(REGEX MATCH "cmake_minimum_required\\(VERSION ([0-9]+\\.[0-9]+)" _ "${lists}")
+    set(lists_minimum ${CMAKE_MATCH_1})
+    file(READ ${ROOT}/scripts/lib/setup.sh setup)
+    string(REGEX MATCH "fa_cmake_minimum=([0-9]+\\.[0-9]+)" _ "${setup}")
+    set(scripts_minimum ${CMAKE_MATCH_1})
+    file(READ ${ROOT}/CMakePresets.json presets)
+    string(JSON schema GET "${presets}" version)
+    string(JSON major GET "${presets}" cmakeMinimumRequired major)
+    string(JSON minor GET "${presets}" cmakeMinimumRequired minor)
+    set(presets_minimum ${major}.${minor})
+    math(EXPR schema_minimum_minor "${schema} + 19")  # presets version v needs CMake 3.(v + 19) from v = 3
+    set(schema_minimum 3.${schema_minimum_minor})
+    message("CMakeLists.txt ${lists_minimum}, scripts ${scripts_minimum}, presets ${presets_minimum} "
+            "(schema ${schema}, read from CMake ${schema_minimum})")
+    if(NOT lists_minimum VERSION_EQUAL scripts_minimum OR NOT presets_minimum VERSION_EQUAL scripts_minimum)
+      fail("the CMake minimums differ")
+    endif()
+    if(schema_minimum VERSION_GREATER scripts_minimum)
+      fail("CMakePresets.json version ${schema} needs CMake ${schema_minimum}, newer than the ${scripts_minimum} "
+           "the scripts accept")
+    endif()
+
+  elseif(CHECK STREQUAL "course_options")
+    # scripts/course.sh lists fa_course's options for --help before the first build.
+    file(READ ${ROOT}/scripts/course.sh script)
+    string(REGEX MATCH "course_options=\"([^\"]*)\"" _ "${script}")
+    string(REPLACE " " ";" listed "${CMAKE_MATCH_1}")
+    if(NOT listed)
+      fail("scripts/course.sh has no course_options list")
+    endif()
+    set(ARGS --help)
+    run_program()
+    foreach(option IN LISTS listed)
+      if(NOT output MATCHES "${option}([ ,={]|\n)")
+        fail("scripts/course.sh lists ${option}, which fa_course --help does not have")
+      endif()
+    endforeach()
+
+  elseif(CHECK STREQUAL "exercise_commands")
+    # One exercise command sequence, the same in the README, every stage README's exercise section
+    # and make_exercise's output; none of the old ones (a preset that builds elsewhere, a new
+    # build folder, ctest without the failure messages).
+    set(old_commands "cmake -B build -DFA_EXERCISE" "cmake --preset default -DFA_EXERCISE"
+                     "cmake --preset ci -DFA_EXERCISE" "ctest --test-dir build -R stage")
+    file(READ ${ROOT}/README.md readme)
+    foreach(expected "scripts/make_exercise 04" "scripts/check_exercises.sh 04" "FA_REQUIRE_GPU=1")
+      string(FIND "${readme}" "${expected}" at)
+      if(at EQUAL -1)
+        fail("README.md does not give '${expected}'")
+      endif()
+    endforeach()
+    foreach(old IN LISTS old_commands)
+      string(FIND "${readme}" "${old}" at)
+      if(NOT at EQUAL -1)
+        fail("README.md still gives '${old}'")
+      endif()
+    endforeach()
+    file(READ ${ROOT}/scripts/make_exercise tool)
+    string(FIND "${tool}" "scripts/check_exercises.sh {number}" at)
+    if(at EQUAL -1)
+      fail("scripts/make_exercise does not print 'scripts/check_exercises.sh NN'")
+    endif()
+    file(GLOB readmes ${ROOT}/stages/[0-9][0-9]_*/README.md)
+    foreach(path IN LISTS readmes)
+      get_filename_component(folder ${path} DIRECTORY)
+      get_filename_component(stage ${folder} NAME)
+      string(SUBSTRING ${stage} 0 2 number)
+      file(READ ${path} text)
+      string(FIND "${text}" "\n## Exercise" start)
+      if(start EQUAL -1)
+        message("${stage}: no exercise section")
+        continue()
+      endif()
+      string(SUBSTRING "${text}" ${start} -1 section)
+      string(SUBSTRING "${section}" 1 -1 rest)
+      string(FIND "${rest}" "\n## " end)
+      if(NOT end EQUAL -1)
+        string(SUBSTRING "${rest}" 0 ${end} section)
+      endif()
+      foreach(expected "scripts/make_exercise ${number}" "scripts/check_exercises.sh ${number}")
+        string(FIND "${section}" "${expected}" at)
+        if(at EQUAL -1)
+          fail("${stage}/README.md: its exercise section does not give '${expected}'")
+        endif()
+      endforeach()
+      foreach(old IN LISTS old_commands)
+        string(FIND "${section}" "${old}" at)
+        if(NOT at EQUAL -1)
+          fail("${stage}/README.md: its exercise section still gives '${old}'")
+        endif()
+      endforeach()
+      message("${stage}: the exercise section gives the course's commands")
+    endforeach()
+
+  else()
+    fail("newcomer_tests.cmake: unknown CHECK '${CHECK}'")
+  endif()
+  return()
+endif()
+
+# ---------------------------------------------------------------------------------------------
+# Configure mode: the tests.
+# ---------------------------------------------------------------------------------------------
+set(fa_newcomer_script ${CMAKE_CURRENT_LIST_FILE})
+set(fa_newcomer_refusal ${CMAKE_CURRENT_LIST_DIR}/expect_refusal.sh)
+get_property(fa_newcomer_stage_ids GLOBAL PROPERTY FA_STAGE_IDS)
+
+function(fa_newcomer_check name check)
+  add_test(NAME "${name}" COMMAND ${CMAKE_COMMAND} -DCHECK=${check} -DROOT=${PROJECT_SOURCE_DIR} ${ARGN}
+                                  -P ${fa_newcomer_script})
+endfunction()
+
+if(TARGET 01_cpu)
+  add_test(NAME "stage01: a word where a number belongs is called not a whole number"
+           COMMAND ${fa_newcomer_refusal} 2 "--seq: 'abc' is not a whole number" $<TARGET_FILE:01_cpu> --seq abc)
+  add_test(NAME "stage01: a problem larger than host memory is refused as out of memory, in one line"
+           COMMAND ${fa_newcomer_refusal} 3 "needs .* of host memory" $<TARGET_FILE:01_cpu> --heads 1048576)
+  add_test(NAME "stage01: a problem that would take hours on the CPU is refused with the estimate"
+           COMMAND ${fa_newcomer_refusal} 2 "would take about .* too long for the CPU stage" $<TARGET_FILE:01_cpu>
+                   --seq 16777216 --dim 1)
+  add_test(NAME "stage01: --reps 0 checks without timing and says so"
+           COMMAND 01_cpu --seq 64 --dim 16 --reps 0)
+  set_tests_properties("stage01: --reps 0 checks without timing and says so" PROPERTIES
+    PASS_REGULAR_EXPRESSION "01_cpu +fp32 +- +- +- .* ok \\(not timed")
+  add_test(NAME "stage01: the table shows the CPU stage's GFLOP/s, not 0.00 TFLOP/s"
+           COMMAND 01_cpu --seq 512 --dim 64 --warmup 0 --reps 1)
+  set_tests_properties("stage01: the table shows the CPU stage's GFLOP/s, not 0.00 TFLOP/s" PROPERTIES
+    PASS_REGULAR_EXPRESSION "01_cpu +fp32 +[0-9.]+ +[0-9.]+ G " FAIL_REGULAR_EXPRESSION " 0\\.00 ")
+  add_test(NAME "stage01: --help lists the exit codes" COMMAND 01_cpu --help)
+  set_tests_properties("stage01: --help lists the exit codes" PROPERTIES
+    PASS_REGULAR_EXPRESSION "Exit codes: 0 ok, 1 wrong output.*4 no CUDA GPU")
+endif()
+
+foreach(id IN LISTS fa_newcomer_stage_ids)
+  string(SUBSTRING ${id} 0 2 number)
+  if(number STREQUAL "01" OR NOT TARGET ${id})
+    continue()
+  endif()
+  fa_newcomer_check("stage${number}: runs, or says in one line that it needs a GPU (exit code 4)" no_gpu_line
+                    -DPROGRAM=$<TARGET_FILE:${id}> "-DARGS=--seq 64 --dim 32 --reps 1")
+  fa_newcomer_check("stage${number}: --walkthrough agrees, or prints the exact values and needs a GPU" walkthrough
+                    -DPROGRAM=$<TARGET_FILE:${id}> -DARGS=--walkthrough)
+endforeach()
+
+if(TARGET fa_course)
+  add_test(NAME "common: fa_course --help describes the course, not one stage" COMMAND fa_course --help)
+  set_tests_properties("common: fa_course --help describes the course, not one stage" PROPERTIES
+    PASS_REGULAR_EXPRESSION "runs every stage on the same random inputs.*Default shape"
+    FAIL_REGULAR_EXPRESSION "Runs one stage")
+  add_test(NAME "common: fa_course runs and says plainly what this machine lacks" COMMAND fa_course)
+  set_tests_properties("common: fa_course runs and says plainly what this machine lacks" PROPERTIES
+    PASS_REGULAR_EXPRESSION "every stage on the same inputs.*01_cpu +fp32 .* ok"
+    FAIL_REGULAR_EXPRESSION "driver version is insufficient| 0\\.00 " TIMEOUT 300)
+  add_test(NAME "common: fa_course --walkthrough runs the fixture through every stage" COMMAND fa_course --walkthrough)
+  set_tests_properties("common: fa_course --walkthrough runs the fixture through every stage" PROPERTIES
+    PASS_REGULAR_EXPRESSION "Exact final O.*01_cpu +the stage agrees with the exact values at every K/V tile"
+    FAIL_REGULAR_EXPRESSION "DISAGREES")
+  fa_newcomer_check("common: scripts/course.sh lists fa_course's options before the first build" course_options
+                    -DPROGRAM=$<TARGET_FILE:fa_course>)
+endif()
+
+# The scripts.
+add_test(NAME "common: scripts/course.sh --help answers without building"
+         COMMAND ${PROJECT_SOURCE_DIR}/scripts/course.sh --help)
+set_tests_properties("common: scripts/course.sh --help answers without building" PROPERTIES
+  PASS_REGULAR_EXPRESSION "scripts/course.sh \\[OPTIONS\\].*--walkthrough" FAIL_REGULAR_EXPRESSION "Building in"
+  TIMEOUT 60)
+add_test(NAME "common: scripts/stage_diff --help prints its usage"
+         COMMAND ${PROJECT_SOURCE_DIR}/scripts/stage_diff --help)
+set_tests_properties("common: scripts/stage_diff --help prints its usage" PROPERTIES
+  PASS_REGULAR_EXPRESSION "usage: scripts/stage_diff")
+add_test(NAME "common: scripts/stage_diff names the stages when one does not exist"
+         COMMAND ${fa_newcomer_refusal} 2 "no stage 77.*01_cpu" ${PROJECT_SOURCE_DIR}/scripts/stage_diff 77)
+find_program(FA_GIT git)
+if(FA_GIT)
+  add_test(NAME "common: scripts/stage_diff 3 4 shows what stage 04 changed"
+           COMMAND ${PROJECT_SOURCE_DIR}/scripts/stage_diff 3 4)
+  set_tests_properties("common: scripts/stage_diff 3 4 shows what stage 04 changed" PROPERTIES
+    PASS_REGULAR_EXPRESSION "stages/03_tiled_smem/.*stages/04_online_softmax/")
+endif()
+add_test(NAME "common: scripts/make_exercise prints the command that checks the copy"
+         COMMAND sh -c "rm -rf \"$1\" && python3 \"$0\" 4 --output \"$1\""
+                 ${PROJECT_SOURCE_DIR}/scripts/make_exercise ${CMAKE_CURRENT_BINARY_DIR}/newcomer-exercise)
+set_tests_properties("common: scripts/make_exercise prints the command that checks the copy" PROPERTIES
+  PASS_REGULAR_EXPRESSION "04_online_softmax/online_softmax.cu: [0-9]+ exercise region.*scripts/check_exercises.sh 04")
+add_test(NAME "common: scripts/check_exercises.sh says how to make a copy that is not there"
+         COMMAND ${CMAKE_COMMAND} -E env FA_EXERCISE_DIR=${CMAKE_CURRENT_BINARY_DIR}/no-exercises
+                 ${fa_newcomer_refusal} 2 "no copy of 04_online_softmax .* make it with: scripts/make_exercise 04"
+                 ${PROJECT_SOURCE_DIR}/scripts/check_exercises.sh 04)
+fa_newcomer_check("common: CMakeLists.txt, the presets and the scripts ask for the same CMake" cmake_minimum)
+fa_newcomer_check("common: the README, every stage README and make_exercise give the same exercise commands"
+                  exercise_commands)
+
+# In an exercise build (FA_EXERCISE), a stage built from the student's copy gets one more test,
+# which fails where the copy cannot run: without it `ctest -R stage04` on a machine without a GPU
+# says "100% tests passed" about a kernel that was only compiled.
+foreach(id IN LISTS fa_newcomer_stage_ids)
+  get_property(source_dir GLOBAL PROPERTY FA_STAGE_SOURCE_DIR_${id})
+  if(NOT TARGET ${id} OR NOT source_dir OR source_dir STREQUAL "${PROJECT_SOURCE_DIR}/stages/${id}")
+    continue()
+  endif()
+  string(SUBSTRING ${id} 0 2 number)
+  add_test(NAME "stage${number}: your copy ran on a GPU, not only compiled"
+           COMMAND sh -c [=[
+output=$("$0" --seq 16 --dim 16 --reps 0 --no-check 2>&1)
+code=$?
+if [ $code -eq 4 ]; then
+  echo "NOT RUN: your copy of $1 was only compiled, so its GPU tests are skipped here ($output)."
+  echo "Check it on a machine with a CUDA GPU: scripts/check_exercises.sh $2"
+  exit 1
+elif [ $code -ne 0 ]; then
+  echo "your copy of $1 did not run (exit code $code): $output"
+  exit 1
+fi
+echo "your copy of $1 runs here"]=] $<TARGET_FILE:${id}> ${id} ${number})
+endforeach()
