@@ -290,3 +290,12 @@ elif [ $code -ne 0 ]; then
 fi
 echo "your copy of $1 runs here"]=] $<TARGET_FILE:${id}> ${id} ${number})
 endforeach()
+
+# The stage READMEs speak to the student, not about how the course was made: no run numbers of the
+# GPU suite ("call 7"), no "the issue" or "the bar", no shapes named after the documents they came
+# from ("seed 001"): design.md names them "the standard sweep" and "the large-head shapes".
+add_test(NAME "common: stage READMEs name no suite calls, issues, bars or seed documents"
+         COMMAND sh -c [=[
+found=$(grep -n -i -E '\bcalls? [0-9]|\bthe issue|\bthe bar\b|\bseed ?0|\bseed documents?\b|\bseed shapes?\b' "$0"/stages/*/README.md)
+if [ -n "$found" ]; then echo "$found"; exit 1; fi
+echo "no stage README names a suite call, an issue, a bar or a seed document"]=] ${PROJECT_SOURCE_DIR})

@@ -86,9 +86,10 @@ struct Tiling {
   // K and V fragment it loads from shared memory into both, which halves the shared-memory reads
   // per product; the price is S and O for 32 rows in registers, so Q no longer fits beside them
   // and is re-read from shared memory every tile. D = 128: two strips, two 64-key stages, 96 KB
-  // a block, two blocks per SM; D = 64: one strip, Q in registers, three stages, 56 KB a block,
-  // three blocks per SM. A head dim below the bucket (padded) keeps one strip: its runtime
-  // strides need the registers a second strip would take.
+  // a block, two blocks per SM; D = 64: two strips, three stages, 64 KB a block, two blocks per
+  // SM. A head dim below the bucket (padded) keeps one strip, with Q in registers: its runtime
+  // strides need the registers a second strip would take (at D <= 64 that is 56 KB a block and
+  // three blocks per SM).
   static constexpr int kWarps = 4;
   static constexpr int kStrips = kExactDim ? 2 : 1;
   static constexpr int kKeys = 64;
