@@ -292,8 +292,8 @@ TEST_CASE("common: the stages are registered in course order and carry their sou
 
 TEST_CASE("common: the source hash in each binary equals scripts/source_hash.py's") {
   for (const fa::StageDescriptor& stage : fa::stages::all()) {
-    const std::string command = std::string("'") + FA_PYTHON + "' '" + FA_SOURCE_DIR + "/scripts/source_hash.py' --root '" +
-                                FA_SOURCE_DIR + "' " + stage.id;
+    const std::string command = std::string("'") + FA_PYTHON + "' '" + FA_SOURCE_DIR +
+                                "/scripts/source_hash.py' --root '" + FA_SOURCE_DIR + "' " + stage.id;
     std::string hash = run_command(command);
     while (!hash.empty() && (hash.back() == '\n' || hash.back() == ' ')) hash.pop_back();
     INFO(stage.id << ": built from " << stage.source_hash << ", tree now " << hash << " (rebuild if you edited)");

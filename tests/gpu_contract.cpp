@@ -78,9 +78,7 @@ void check_refused(const StageDescriptor& stage, const Problem& problem, bool ls
   CHECK_FALSE(outcome.checked);
 }
 
-bool takes(const StageDescriptor& stage, const Problem& problem) {
-  return unsupported_reason(stage, problem).empty();
-}
+bool takes(const StageDescriptor& stage, const Problem& problem) { return unsupported_reason(stage, problem).empty(); }
 
 }  // namespace
 
@@ -89,8 +87,8 @@ std::vector<Problem> contract_shapes(const StageDescriptor& stage) {
   // full tiles plus a partial one for every tile size up to 128). D: odd, small, and the
   // largest the stage takes.
   const std::vector<Problem> candidates = {
-      Problem::square(1, 1, 1, 1),    Problem::square(2, 3, 3, 2),     Problem::square(1, 2, 17, 3),
-      Problem::square(2, 1, 100, 16), Problem::square(1, 2, 517, 64),  Problem::square(2, 2, 257, 80),
+      Problem::square(1, 1, 1, 1),     Problem::square(2, 3, 3, 2),    Problem::square(1, 2, 17, 3),
+      Problem::square(2, 1, 100, 16),  Problem::square(1, 2, 517, 64), Problem::square(2, 2, 257, 80),
       Problem::square(1, 1, 517, 128), Problem::square(3, 1, 65, 100), Problem::square(1, 2, 200, 256),
       Problem::square(1, 1, 130, 129),
   };
@@ -109,9 +107,9 @@ std::vector<Problem> general_shapes(const StageDescriptor& stage) {
   // (a chunk of a longer sequence), more queries than keys (under the mask the first Nq - Nk rows
   // see nothing), one query row (decoding), and a single key.
   return {
-      Problem{2, 8, 2, 150, 150, dim, false},  Problem{1, 6, 1, 97, 97, wide, false},
-      Problem{1, 2, 2, 100, 333, dim, false},  Problem{2, 2, 1, 333, 100, wide, false},
-      Problem{1, 4, 2, 1, 1000, wide, false},  Problem{3, 2, 2, 70, 1, dim, false},
+      Problem{2, 8, 2, 150, 150, dim, false}, Problem{1, 6, 1, 97, 97, wide, false},
+      Problem{1, 2, 2, 100, 333, dim, false}, Problem{2, 2, 1, 333, 100, wide, false},
+      Problem{1, 4, 2, 1, 1000, wide, false}, Problem{3, 2, 2, 70, 1, dim, false},
       Problem{1, 4, 4, 1, 1, dim, false},
   };
 }
@@ -155,8 +153,8 @@ void contract_poison(const Factories& stages) {
     require_stage_runnable(stage);
     // The runner fills O (and the LSE) with NaN before the run; a stage that skipped any element
     // would leave a NaN, which counts as a failure on its own. Every row is checked here.
-    const RunOutcome outcome = check_stage_on(stage, random_inputs(Problem::square(2, 2, 131, 40), 11), 0,
-                                              stage.features.lse);
+    const RunOutcome outcome =
+        check_stage_on(stage, random_inputs(Problem::square(2, 2, 131, 40), 11), 0, stage.features.lse);
     CHECK(outcome.errors.non_finite == 0);
   }
 }

@@ -34,8 +34,7 @@ void require_stage_runnable(const StageDescriptor& stage);
 // 0; else the first and last of each head plus seeded random ones) with the double reference, and
 // records the result with Catch2 (CHECK on the errors, with a readable message). With `lse` the
 // stage also writes the log-sum-exp, checked the same way.
-RunOutcome check_stage_on(const StageDescriptor& stage, const Inputs& inputs, int64_t check_rows = 0,
-                          bool lse = false);
+RunOutcome check_stage_on(const StageDescriptor& stage, const Inputs& inputs, int64_t check_rows = 0, bool lse = false);
 
 // Square shapes for the contract: N and D not multiples of any tile, at least three K/V tiles
 // plus a partial one, N smaller than a tile, B·H > 1; D capped at the stage's max_dim.
@@ -57,22 +56,18 @@ void contract_lse(const Factories& stages);             // checked, or refused w
 
 }  // namespace fa::test
 
-#define FA_GPU_STAGE_CONTRACT(prefix, ...)                                                                    \
-  TEST_CASE(prefix ": matches the reference on the shape table") {                                            \
-    fa::test::contract_shape_table({__VA_ARGS__});                                                            \
-  }                                                                                                           \
-  TEST_CASE(prefix ": reproduces the N=4 walkthrough") { fa::test::contract_walkthrough({__VA_ARGS__}); }     \
-  TEST_CASE(prefix ": every K/V tile counts (well-conditioned fixture)") {                                    \
-    fa::test::contract_well_conditioned({__VA_ARGS__});                                                       \
-  }                                                                                                           \
-  TEST_CASE(prefix ": logits of magnitude 1e3 stay finite and correct") {                                     \
-    fa::test::contract_large_logits({__VA_ARGS__});                                                           \
-  }                                                                                                           \
-  TEST_CASE(prefix ": writes every output element (NaN poison)") { fa::test::contract_poison({__VA_ARGS__}); } \
-  TEST_CASE(prefix ": causal masking matches the reference") { fa::test::contract_causal({__VA_ARGS__}); }    \
-  TEST_CASE(prefix ": general shapes (GQA, MQA, Nq != Nk) match the reference or are refused") {              \
-    fa::test::contract_general_shapes({__VA_ARGS__});                                                         \
-  }                                                                                                           \
-  TEST_CASE(prefix ": the log-sum-exp matches the reference or is refused") {                                 \
-    fa::test::contract_lse({__VA_ARGS__});                                                                    \
-  }
+#define FA_GPU_STAGE_CONTRACT(prefix, ...)                                                                          \
+  TEST_CASE(prefix ": matches the reference on the shape table") { fa::test::contract_shape_table({__VA_ARGS__}); } \
+  TEST_CASE(prefix ": reproduces the N=4 walkthrough") { fa::test::contract_walkthrough({__VA_ARGS__}); }           \
+  TEST_CASE(prefix ": every K/V tile counts (well-conditioned fixture)") {                                          \
+    fa::test::contract_well_conditioned({__VA_ARGS__});                                                             \
+  }                                                                                                                 \
+  TEST_CASE(prefix ": logits of magnitude 1e3 stay finite and correct") {                                           \
+    fa::test::contract_large_logits({__VA_ARGS__});                                                                 \
+  }                                                                                                                 \
+  TEST_CASE(prefix ": writes every output element (NaN poison)") { fa::test::contract_poison({__VA_ARGS__}); }      \
+  TEST_CASE(prefix ": causal masking matches the reference") { fa::test::contract_causal({__VA_ARGS__}); }          \
+  TEST_CASE(prefix ": general shapes (GQA, MQA, Nq != Nk) match the reference or are refused") {                    \
+    fa::test::contract_general_shapes({__VA_ARGS__});                                                               \
+  }                                                                                                                 \
+  TEST_CASE(prefix ": the log-sum-exp matches the reference or is refused") { fa::test::contract_lse({__VA_ARGS__}); }

@@ -41,7 +41,8 @@ TEST_CASE("common: reference softmax rows sum to 1 and reproduce O") {
           expected += p[static_cast<std::size_t>(j)] *
                       inputs.v[static_cast<std::size_t>((head * shape.q_seq + j) * shape.dim + d)];
         }
-        CHECK(out[static_cast<std::size_t>((head * shape.q_seq + i) * shape.dim + d)] == Approx(expected).epsilon(1e-12));
+        CHECK(out[static_cast<std::size_t>((head * shape.q_seq + i) * shape.dim + d)] ==
+              Approx(expected).epsilon(1e-12));
       }
     }
   }

@@ -42,7 +42,8 @@ TEST_CASE("stage01: tiled algorithm matches the reference on the shape table") {
 
 TEST_CASE("stage01: causal masking matches the reference") {
   // N not a multiple of the tiles, N smaller than a tile, and row 0 whose only key is itself.
-  for (const fa::Problem base : {fa::Problem::square(2, 2, 37, 16), fa::Problem::square(1, 3, 5, 8), fa::Problem::square(1, 1, 1, 4)}) {
+  for (const fa::Problem base :
+       {fa::Problem::square(2, 2, 37, 16), fa::Problem::square(1, 3, 5, 8), fa::Problem::square(1, 1, 1, 4)}) {
     fa::Problem shape = base;
     shape.causal = true;
     const int64_t tile = GENERATE(1, 4, 16);
@@ -72,8 +73,8 @@ TEST_CASE("stage01: under the mask a row past Nk keys' reach outputs zeros and L
   const fa::Inputs inputs = fa::random_inputs(fa::Problem{1, 1, 1, 5, 3, 4, true}, 8);
   std::vector<float> out(inputs.q.size(), NAN);
   std::vector<float> lse(5, NAN);
-  fa::cpu::flash_attention(inputs.problem, inputs.q.data(), inputs.k.data(), inputs.v.data(), out.data(), lse.data(),
-                           2, 2);
+  fa::cpu::flash_attention(inputs.problem, inputs.q.data(), inputs.k.data(), inputs.v.data(), out.data(), lse.data(), 2,
+                           2);
   for (int64_t row = 0; row < 2; ++row) {  // rows 0 and 1 see no key
     CHECK(std::isinf(lse[static_cast<std::size_t>(row)]));
     CHECK(lse[static_cast<std::size_t>(row)] < 0.0f);
@@ -91,8 +92,9 @@ TEST_CASE("stage01: causal per-tile trace matches the exact trace") {
   inputs.problem.causal = true;
   const fa::TileTrace exact = fa::reference_trace(inputs, fa::kWalkthroughTile);
   fa::TileTrace actual;
-  REQUIRE(fa::stages::cpu_tiled().trace(inputs.problem, inputs.q.data(), inputs.k.data(), inputs.v.data(),
-                                        fa::kWalkthroughTile, actual).ok());
+  REQUIRE(fa::stages::cpu_tiled()
+              .trace(inputs.problem, inputs.q.data(), inputs.k.data(), inputs.v.data(), fa::kWalkthroughTile, actual)
+              .ok());
   REQUIRE(actual.m.size() == exact.m.size());
   for (std::size_t i = 0; i < exact.m.size(); ++i) {
     CHECK(actual.m[i] == Approx(exact.m[i]).epsilon(1e-6).margin(1e-6));
@@ -132,8 +134,9 @@ TEST_CASE("stage01: per-tile m and l and O match the exact walkthrough trace") {
   for (const fa::Inputs& inputs : {fa::walkthrough_inputs(), fa::well_conditioned_inputs()}) {
     const fa::TileTrace exact = fa::reference_trace(inputs, fa::kWalkthroughTile);
     fa::TileTrace actual;
-    REQUIRE(fa::stages::cpu_tiled().trace(inputs.problem, inputs.q.data(), inputs.k.data(), inputs.v.data(),
-                                          fa::kWalkthroughTile, actual).ok());
+    REQUIRE(fa::stages::cpu_tiled()
+                .trace(inputs.problem, inputs.q.data(), inputs.k.data(), inputs.v.data(), fa::kWalkthroughTile, actual)
+                .ok());
     REQUIRE(actual.tiles == exact.tiles);
     REQUIRE(actual.rows == exact.rows);
     for (int64_t t = 0; t < exact.tiles; ++t) {

@@ -46,9 +46,8 @@ void record(TileTrace& trace, const TileState& state, int64_t tile_index, int64_
 
 // One query tile (rows [i0, i0 + rows) of one query head) against every K/V tile of the
 // key/value head it reads.
-void query_tile_attention(const Problem& problem, const float* q, const float* k, const float* v, float* o,
-                          float* lse, int64_t i0, int64_t rows, int64_t key_tile, TileTrace* trace,
-                          int64_t trace_row) {
+void query_tile_attention(const Problem& problem, const float* q, const float* k, const float* v, float* o, float* lse,
+                          int64_t i0, int64_t rows, int64_t key_tile, TileTrace* trace, int64_t trace_row) {
   const int64_t dim = problem.dim;
   const float scale = softmax_scale(problem);
   TileState state(rows, dim);
@@ -110,7 +109,8 @@ void query_tile_attention(const Problem& problem, const float* q, const float* k
       o[(i0 + r) * dim + d] = l > 0.0f ? state.acc[static_cast<std::size_t>(r * dim + d)] / l : 0.0f;
     }
     if (lse != nullptr) {
-      lse[i0 + r] = l > 0.0f ? state.m[static_cast<std::size_t>(r)] + std::log(l) : -std::numeric_limits<float>::infinity();
+      lse[i0 + r] =
+          l > 0.0f ? state.m[static_cast<std::size_t>(r)] + std::log(l) : -std::numeric_limits<float>::infinity();
     }
   }
 }
@@ -141,8 +141,8 @@ void flash_attention(const Problem& problem, const float* q, const float* k, con
     const int64_t q_offset = head * q_seq * problem.dim;
     const int64_t kv_offset = problem.kv_head_of(head) * problem.kv_seq * problem.dim;
     query_tile_attention(problem, q + q_offset, k + kv_offset, v + kv_offset, o + q_offset,
-                         lse != nullptr ? lse + head * q_seq : nullptr, i0, std::min(query_tile, q_seq - i0),
-                         key_tile, trace, head * q_seq + i0);
+                         lse != nullptr ? lse + head * q_seq : nullptr, i0, std::min(query_tile, q_seq - i0), key_tile,
+                         trace, head * q_seq + i0);
   }
 }
 

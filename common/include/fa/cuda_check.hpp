@@ -29,17 +29,17 @@ class CudaError : public std::runtime_error {
     if (fa_status_ != cudaSuccess) fa::throw_cuda_error(fa_status_, #expression, __FILE__, __LINE__); \
   } while (0)
 
-#define FA_CUDA_TRY(expression)                                         \
-  do {                                                                  \
-    const cudaError_t fa_status_ = (expression);                        \
+#define FA_CUDA_TRY(expression)                                           \
+  do {                                                                    \
+    const cudaError_t fa_status_ = (expression);                          \
     if (fa_status_ != cudaSuccess) return ::fa::Status::cuda(fa_status_); \
   } while (0)
 
 // Returns a Status that is not ok (a decline or an error) to the caller.
-#define FA_STATUS_TRY(expression)                   \
-  do {                                              \
-    ::fa::Status fa_result_ = (expression);         \
-    if (!fa_result_.ok()) return fa_result_;        \
+#define FA_STATUS_TRY(expression)            \
+  do {                                       \
+    ::fa::Status fa_result_ = (expression);  \
+    if (!fa_result_.ok()) return fa_result_; \
   } while (0)
 
 // After a <<<...>>> launch: a bad configuration is reported here, not at the next sync.

@@ -32,7 +32,7 @@ struct Problem {
   int64_t kv_heads_total() const { return batch * kv_heads; }
   int64_t q_rows() const { return batch * q_heads * q_seq; }  // also the rows of O and LSE
   int64_t kv_rows() const { return batch * kv_heads * kv_seq; }
-  int64_t q_elements() const { return q_rows() * dim; }  // of Q (and of O)
+  int64_t q_elements() const { return q_rows() * dim; }    // of Q (and of O)
   int64_t kv_elements() const { return kv_rows() * dim; }  // of K (and of V)
   bool grouped() const { return q_heads != kv_heads; }
   bool rectangular() const { return q_seq != kv_seq; }
