@@ -31,7 +31,7 @@ build "$before" || { echo "compare_trees: the before tree did not build (see $ou
 build "$after" || { echo "compare_trees: the after tree did not build (see $out)"; exit 1; }
 
 shapes=("4 16 4096 128" "4 16 4096 128 --causal")
-rm -f "$out"/before.csv "$out"/after.csv
+rm -f "$out"/before_*.csv "$out"/after_*.csv
 for stage in $(ls "$after/stages" | grep -E '^(0[2-9]|[1-9][0-9])_'); do
   [ -x "$before/build-gpu/bin/$stage" ] && [ -x "$after/build-gpu/bin/$stage" ] || continue
   rounds=2 reps=10 warmup=3
@@ -42,27 +42,26 @@ for stage in $(ls "$after/stages" | grep -E '^(0[2-9]|[1-9][0-9])_'); do
       for side in before after; do
         tree=$([ $side = before ] && echo "$before" || echo "$after")
         "$tree/build-gpu/bin/$stage" --batch "$1" --heads "$2" --seq "$3" --dim "$4" "${@:5}" --warmup $warmup \
-          --reps $reps --check-rows 16 --csv "$out/$side.csv" >>"$out/runs.log" 2>&1 ||
+          --reps $reps --check-rows 16 --csv "$out/${side}_$round.csv" >>"$out/runs.log" 2>&1 ||
           echo "compare_trees: $side $stage $shape round $round failed" | tee -a "$out/runs.log"
       done
     done
   done
 done
 
-python3 - "$out" <<'PY' | tee "$out/compare.txt"
-import csv, statistics, sys
-out = sys.argv[1]
-def rows(side):
-    with open(f"{out}/{side}.csv", newline="") as handle:
-        for row in csv.DictReader(handle):
-            heads = row.get("Hq", row.get("H"))
-            seq = row.get("Nq", row.get("N"))
-            yield (row["stage"], row["dtype"], row["B"], heads, seq, row["D"], row["causal"]), row
+python3 - "$after/python" "$out" <<'PY' | tee "$out/compare.txt"
+import glob, statistics, sys
+sys.path.insert(0, sys.argv[1])
+from fa_course import results  # reads the before tree's older CSV header too
+
+out = sys.argv[2]
 times = {}
 for side in ("before", "after"):
-    for key, row in rows(side):
-        if row["status"] == "ok":
-            times.setdefault(key, {}).setdefault(side, []).append(float(row["ms_median"]))
+    for path in sorted(glob.glob(f"{out}/{side}_*.csv")):  # one file per round: a key once in each
+        for row in results.read_results(path):
+            if row["status"] == "ok":
+                key = (row["stage"], row["dtype"], row["B"], row["Hq"], row["Nq"], row["D"], row["causal"])
+                times.setdefault(key, {}).setdefault(side, []).append(row["ms_median"])
 print(f"{'stage':20} {'dtype':5} {'B,H,N,D':16} {'causal':6} {'before ms':>10} {'after ms':>10} {'after/before':>12}")
 for key in sorted(times):
     sides = times[key]
@@ -71,6 +70,7 @@ for key in sorted(times):
         continue
     b, a = statistics.median(sides["before"]), statistics.median(sides["after"])
     spread = max(sides["before"]) / min(sides["before"])
-    print(f"{key[0]:20} {key[1]:5} {','.join(key[2:6]):16} {key[6]:6} {b:10.3f} {a:10.3f} {a / b:12.3f}"
+    shape = ",".join(str(value) for value in key[2:6])
+    print(f"{key[0]:20} {key[1]:5} {shape:16} {key[6]:6} {b:10.3f} {a:10.3f} {a / b:12.3f}"
           f"   (before's own spread {spread:.3f})")
 PY

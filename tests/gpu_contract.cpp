@@ -78,6 +78,17 @@ void check_refused(const StageDescriptor& stage, const Problem& problem, bool ls
   CHECK_FALSE(outcome.checked);
 }
 
+// The listed stages, each of which must be able to run here (require_stage_runnable skips or fails
+// the test where one cannot).
+std::vector<StageDescriptor> runnable_stages(const Factories& stages) {
+  std::vector<StageDescriptor> descriptors;
+  for (const auto factory : stages) {
+    descriptors.push_back(factory());
+    require_stage_runnable(descriptors.back());
+  }
+  return descriptors;
+}
+
 bool takes(const StageDescriptor& stage, const Problem& problem) { return unsupported_reason(stage, problem).empty(); }
 
 }  // namespace
@@ -115,42 +126,32 @@ std::vector<Problem> general_shapes(const StageDescriptor& stage) {
 }
 
 void contract_shape_table(const Factories& stages) {
-  for (const auto factory : stages) {
-    const StageDescriptor stage = factory();
-    require_stage_runnable(stage);
+  for (const StageDescriptor& stage : runnable_stages(stages)) {
     uint64_t seed = 1;
     for (const Problem& problem : contract_shapes(stage)) check_stage_on(stage, random_inputs(problem, seed++));
   }
 }
 
 void contract_walkthrough(const Factories& stages) {
-  for (const auto factory : stages) {
-    const StageDescriptor stage = factory();
-    require_stage_runnable(stage);
+  for (const StageDescriptor& stage : runnable_stages(stages)) {
     check_stage_on(stage, walkthrough_inputs());
   }
 }
 
 void contract_well_conditioned(const Factories& stages) {
-  for (const auto factory : stages) {
-    const StageDescriptor stage = factory();
-    require_stage_runnable(stage);
+  for (const StageDescriptor& stage : runnable_stages(stages)) {
     check_stage_on(stage, well_conditioned_inputs());
   }
 }
 
 void contract_large_logits(const Factories& stages) {
-  for (const auto factory : stages) {
-    const StageDescriptor stage = factory();
-    require_stage_runnable(stage);
+  for (const StageDescriptor& stage : runnable_stages(stages)) {
     check_stage_on(stage, large_logit_inputs(Problem::square(2, 1, 300, std::min<int64_t>(64, stage.max_dim)), 7));
   }
 }
 
 void contract_poison(const Factories& stages) {
-  for (const auto factory : stages) {
-    const StageDescriptor stage = factory();
-    require_stage_runnable(stage);
+  for (const StageDescriptor& stage : runnable_stages(stages)) {
     // The runner fills O (and the LSE) with NaN before the run; a stage that skipped any element
     // would leave a NaN, which counts as a failure on its own. Every row is checked here.
     const RunOutcome outcome =
