@@ -5,7 +5,7 @@
 
 namespace fa {
 
-Status opt_in_shared_memory(const void* kernel, int64_t bytes) {
+Status opt_in_shared_memory(const void* kernel, int64_t bytes, Carveout carveout) {
   int device = 0;
   int limit = 0;
   if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) return Status::cuda(error);
@@ -22,8 +22,8 @@ Status opt_in_shared_memory(const void* kernel, int64_t bytes) {
       error != cudaSuccess) {
     return Status::cuda(error);
   }
-  return Status::cuda(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  const int preference = carveout == Carveout::max_shared ? cudaSharedmemCarveoutMaxShared : cudaSharedmemCarveoutDefault;
+  return Status::cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, preference));
 }
 
 Status check_grid(int64_t blocks) {

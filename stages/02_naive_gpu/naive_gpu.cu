@@ -42,12 +42,12 @@ int64_t blocks_for(int64_t work_items, int64_t items_per_block) {
 }
 
 // With causal masking, how many keys the query of row head · N + i sees: keys 0..i. The rule is
-// causal.hpp's, taken here in 32 bits (kernel::visible_key_limit): i, the keys and N fit an int
+// causal.hpp's, taken here in 32 bits (visible_key_limit): i, the keys and N fit an int
 // (N <= 2^24), and kernel 1 pays for every instruction of it on every score. Called only when
 // masking, so the 64-bit remainder is too.
 __device__ int causal_keys(int64_t query_row, int64_t seq) {
   const int n = static_cast<int>(seq);
-  return kernel::visible_key_limit(static_cast<int>(query_row % seq), n, n, true);
+  return visible_key_limit(static_cast<int>(query_row % seq), n, n, true);
 }
 
 // Kernel 1: S[head][i][j] = (q_i · k_j) · scale. Neighbouring threads take neighbouring keys j of

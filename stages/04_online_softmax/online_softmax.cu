@@ -287,7 +287,7 @@ Status launch(const Attention& attention, const TraceBuffers& trace, cudaStream_
   const auto kernel = online_softmax_attention<kBlockRows, kBlockKeys, kHeadDim>;
   // Beyond 48 KB of dynamic shared memory a kernel must opt in (fa/launch.hpp). D = 256 needs
   // 64 KB: still within what every GPU from sm_75 on allows one block.
-  FA_STATUS_TRY(opt_in_shared_memory_default_carveout(kernel, kSharedBytes));
+  FA_STATUS_TRY(opt_in_shared_memory(kernel, kSharedBytes, Carveout::driver_default));
   // Blocks past 2^31 - 1 would be covered by the grid-stride loop (the harness's size limits keep
   // the work items below that).
   const int64_t work_items = (attention.seq + kBlockRows - 1) / kBlockRows * attention.heads_total;

@@ -307,11 +307,11 @@ __device__ __forceinline__ BlockRows block_rows(int64_t work, int64_t query_tile
   BlockRows block;
   block.head = item.query_head;
   block.first_query = item.query_tile * T::kQueryRows;
-  // Row i sees keys 0..i (causal.hpp; kernel::visible_key_limit is the rule in 32 bits): the
+  // Row i sees keys 0..i (causal.hpp; visible_key_limit is the rule in 32 bits): the
   // block's last row first_query + kQueryRows - 1 sees the most, its first row the fewest. Without
   // the mask every row sees all N.
-  block.key_end = kernel::visible_key_limit(block.first_query + T::kQueryRows - 1, seq, seq, kCausal);
-  block.unmasked_end = kernel::visible_key_limit(block.first_query, seq, seq, kCausal);
+  block.key_end = visible_key_limit(block.first_query + T::kQueryRows - 1, seq, seq, kCausal);
+  block.unmasked_end = visible_key_limit(block.first_query, seq, seq, kCausal);
   return block;
 }
 
@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < T::kRowsPerThread; ++i) {
           const int query = first_query + warp_row0 + row_group + kRowGroups * i;
-          const int row_key_end = kernel::visible_key_limit(query, seq, seq, kCausal);  // rows past N get N
+          const int row_key_end = visible_key_limit(query, seq, seq, kCausal);  // rows past N get N
 #pragma unroll
           for (int j = 0; j < T::kKeysPerThread; ++j) {
             if (first_key + column_group + kColumnGroups * j >= row_key_end) scores[i][j] = -INFINITY;
@@ -502,7 +502,7 @@ template <class T, bool kCausal>
 Status launch(const Attention& attention, cudaStream_t stream) {
   const auto kernel = float4_tiles_attention<T, kCausal>;
   // Beyond 48 KB of dynamic shared memory a kernel must opt in (fa/launch.hpp).
-  FA_STATUS_TRY(opt_in_shared_memory_default_carveout(kernel, static_cast<int64_t>(T::kSharedBytes)));
+  FA_STATUS_TRY(opt_in_shared_memory(kernel, static_cast<int64_t>(T::kSharedBytes), Carveout::driver_default));
   // Blocks past 2^31 - 1 would be covered by the grid-stride loop (the harness's size limits keep
   // the work items below that).
   const int64_t work_items = (attention.seq + T::kQueryRows - 1) / T::kQueryRows * attention.heads_total;

@@ -17,7 +17,7 @@
 // up to the next bucket inside the kernel, which changes no dot product.
 //
 // Causal masking (query i sees keys 0..i; the rule is written once, in common/include/fa/causal.hpp,
-// and in 32 bits as kernel::visible_key_limit): a block stops at the K/V tile that holds its last
+// and in 32 bits as visible_key_limit): a block stops at the K/V tile that holds its last
 // row's key, so tiles wholly above the diagonal are never loaded; only tiles that cross the
 // diagonal are masked key by key; the blocks with the most tiles are launched first
 // (kernel::block_work).
@@ -188,8 +188,8 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
   const int warp_first_row = block_first_row + warp * kFragment;
   // Causal: no row of the block sees a key past what its last row sees, so the loop stops there;
   // no row of the warp sees a key past what the warp's last row sees.
-  const int key_end = kernel::visible_key_limit(block_first_row + kQueryRows - 1, seq, seq, causal);
-  const int warp_key_end = kernel::visible_key_limit(warp_first_row + kFragment - 1, seq, seq, causal);
+  const int key_end = visible_key_limit(block_first_row + kQueryRows - 1, seq, seq, causal);
+  const int warp_key_end = visible_key_limit(warp_first_row + kFragment - 1, seq, seq, causal);
 
   // For the softmax, lanes 2r and 2r+1 own row r of the warp's 16; each takes every other
   // group of 4 columns (the interleaving keeps the score reads free of bank conflicts).
@@ -276,8 +276,8 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
     // Keys past N weigh nothing (the last tile), and with causal masking neither do keys past the
     // row's own position (tiles that cross the diagonal: some key of the tile lies past what the
     // warp's first row sees). Every other tile skips the test, one comparison for the whole warp.
-    if (key_base + T::kKeys > kernel::visible_key_limit(warp_first_row, seq, seq, causal)) {
-      const int visible_keys = kernel::visible_key_limit(warp_first_row + my_row, seq, seq, causal) - key_base;
+    if (key_base + T::kKeys > visible_key_limit(warp_first_row, seq, seq, causal)) {
+      const int visible_keys = visible_key_limit(warp_first_row + my_row, seq, seq, causal) - key_base;
 #pragma unroll
       for (int i = 0; i < kScoresPerLane; ++i) {
         if (8 * (i / 4) + 4 * my_half + i % 4 >= visible_keys) s[i] = -INFINITY;

@@ -24,7 +24,7 @@
 // descriptor says so, and the runner refuses older GPUs before anything is launched.
 //
 // Causal masking (query i sees keys 0..i; the rule is written once, in common/include/fa/causal.hpp,
-// and in 32 bits as kernel::visible_key_limit): a block stops at the K/V tile that holds its last
+// and in 32 bits as visible_key_limit): a block stops at the K/V tile that holds its last
 // row's key, so tiles wholly above the diagonal are never copied; only tiles that cross the
 // diagonal are masked key by key; the blocks with the most tiles are launched first
 // (kernel::block_work).
@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
   // Causal: no row of the block sees a key past what its last row sees, so the stream stops at
   // the tile that holds that key; the prologue and the refills count only these tiles, so no copy
   // of a tile above the diagonal is ever issued.
-  const int key_end = kernel::visible_key_limit(block_first_row + kQueryRows - 1, seq, seq, causal);
+  const int key_end = visible_key_limit(block_first_row + kQueryRows - 1, seq, seq, causal);
   const int tiles = (key_end + T::kKeys - 1) / T::kKeys;
   const int items = 2 * tiles;  // the stream K0, V0, K1, V1, ...
 
@@ -394,8 +394,8 @@ __global__ void __launch_bounds__(kThreads, Tiling<kDim>::kMinBlocksPerSm)
     // Keys past N weigh nothing (the last tile), and with causal masking neither do keys past the
     // row's own position (tiles that cross the diagonal: some key of the tile lies past what the
     // warp's first row sees). Every other tile skips the test, one comparison for the whole warp.
-    if (key_base + T::kKeys > kernel::visible_key_limit(warp_first_row, seq, seq, causal)) {
-      const int visible_keys = kernel::visible_key_limit(warp_first_row + my_row, seq, seq, causal) - key_base;
+    if (key_base + T::kKeys > visible_key_limit(warp_first_row, seq, seq, causal)) {
+      const int visible_keys = visible_key_limit(warp_first_row + my_row, seq, seq, causal) - key_base;
       const int limit = visible_keys - 4 * my_half;
 #pragma unroll
       for (int i = 0; i < kScoresPerLane; ++i) {

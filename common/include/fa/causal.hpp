@@ -32,4 +32,14 @@ FA_HOST_DEVICE int64_t visible_key_end(int64_t row, int64_t q_seq, int64_t kv_se
   return causal ? causal_key_end(row, q_seq, kv_seq) : kv_seq;
 }
 
+// The same rule in 32-bit arithmetic, for kernels that number rows and keys with ints and have no
+// register to spare (stages 02 and 05-07, where 64-bit bounds cost registers in the hot loop): row
+// `row` sees the keys below the returned limit. It equals causal_key_end(row, q_seq, kv_seq) where
+// that is positive, and is 0 or less for a row that sees no key (no clamp at 0: the kernels
+// compare `key < limit`, which needs none). Without the mask every row sees all kv_seq keys.
+FA_HOST_DEVICE int visible_key_limit(int row, int q_seq, int kv_seq, bool causal) {
+  const int end = row + 1 + (kv_seq - q_seq);
+  return causal && end < kv_seq ? end : kv_seq;
+}
+
 }  // namespace fa

@@ -22,26 +22,19 @@ inline bool all_aligned16(std::initializer_list<const void*> pointers) {
   return true;
 }
 
-// Lets `kernel` use `bytes` of dynamic shared memory (above 48 KB a kernel must opt in) and asks
-// for the largest shared-memory carveout. A size beyond the device's per-block limit is declined
-// with the numbers.
-Status opt_in_shared_memory(const void* kernel, int64_t bytes);
+// How a kernel that opted in to more shared memory wants the SM's memory split between shared
+// memory and L1: as much shared memory as possible (the blocks that fit per SM are what counts),
+// or the driver's own choice, as for a kernel that never opted in (stages 03-05, whose ordinary
+// global loads also go through L1, which the largest carveout would shrink).
+enum class Carveout { max_shared, driver_default };
+
+// Lets `kernel` use `bytes` of dynamic shared memory (above 48 KB a kernel must opt in) with the
+// given carveout. A size beyond the device's per-block limit is declined with the numbers.
+Status opt_in_shared_memory(const void* kernel, int64_t bytes, Carveout carveout);
 
 template <typename Kernel>
-Status opt_in_shared_memory(Kernel* kernel, int64_t bytes) {
-  return opt_in_shared_memory(reinterpret_cast<const void*>(kernel), bytes);
-}
-
-// Like opt_in_shared_memory, but the split of the SM's memory between shared memory and L1 stays
-// the driver's choice (no carveout preference, as for a kernel that never opted in): for kernels
-// whose ordinary global loads also use L1 (stages 03-05), which the largest carveout would shrink.
-template <typename Kernel>
-Status opt_in_shared_memory_default_carveout(Kernel* kernel, int64_t bytes) {
-  const Status status = opt_in_shared_memory(kernel, bytes);
-  if (!status.ok()) return status;
-  return Status::cuda(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                           cudaFuncAttributePreferredSharedMemoryCarveout,
-                                           cudaSharedmemCarveoutDefault));
+Status opt_in_shared_memory(Kernel* kernel, int64_t bytes, Carveout carveout = Carveout::max_shared) {
+  return opt_in_shared_memory(reinterpret_cast<const void*>(kernel), bytes, carveout);
 }
 
 // A grid of this many blocks, or a decline when it exceeds the launch limit of 2^31 - 1.

@@ -3,48 +3,53 @@
 // A fused stage launches one block per (query tile, head). Without the mask every block does the
 // same work, and the query tile is the fast index: the blocks in flight at once then share a few
 // heads' K and V through L2. Under the causal mask the last query tile of a head sees every key
-// and the first sees one tile, so the blocks run heaviest first: the query tile is the slow index,
-// in reverse (longest-processing-time-first; the short blocks fill the tail of the grid).
+// and the first sees one tile, so the blocks run heaviest first (longest-processing-time-first:
+// the short blocks fill the tail of the grid). Strictly by weight, the blocks in flight would be
+// one query tile of every head: each reads its own head's K and V, and at long sequences those
+// no longer fit in L2 together. So the order goes heaviest first in bands of a few query tiles,
+// and inside a band head by head: the blocks in flight are then a few consecutive tiles of fewer
+// heads, which read the same K/V tiles. The band is at most 8 tiles, and at most a quarter of a
+// head's tiles, so that the last band (the tail of the grid) still holds only light blocks.
+//
+//   query tiles 0..7 of heads a, b (band 2):  a7 a6 b7 b6 | a5 a4 b5 b4 | a3 a2 b3 b2 | a1 a0 b1 b0
 #pragma once
 
 #include <cstdint>
 
 namespace fa::kernel {
 
-struct BlockWork {
-  int query_tile;      // which Br rows of the head
+// `Tile` is int for kernels launched with one block per piece of work, int64_t for kernels that
+// loop over their pieces (a grid-stride loop: stages 03-05, whose row arithmetic is 64-bit; narrowed
+// to 32 bits, the tile costs them their uniform-datapath address arithmetic: ptxas moves it to
+// vector registers).
+template <typename Tile>
+struct Work {
+  Tile query_tile;     // which Br rows of the head
   int64_t query_head;  // b·Hq + h
 };
+
+constexpr int kCausalBandTiles = 8;
+
+template <typename Tile>
+__device__ __forceinline__ Work<Tile> ordered_work(int64_t index, Tile query_tiles, int64_t heads_total, bool causal) {
+  if (!causal) return {static_cast<Tile>(index % query_tiles), index / query_tiles};
+  const Tile band_tiles = max(Tile{1}, min(Tile{kCausalBandTiles}, query_tiles / 4));
+  const int64_t band = index / (band_tiles * heads_total);
+  const Tile heaviest = query_tiles - 1 - static_cast<Tile>(band) * band_tiles;  // the band's first tile
+  const Tile width = min(band_tiles, heaviest + 1);                             // the last band may be short
+  const int64_t in_band = index - band * band_tiles * heads_total;
+  return {heaviest - static_cast<Tile>(in_band % width), in_band / width};
+}
+
+using BlockWork = Work<int>;
+using WorkItem = Work<int64_t>;
 
 __device__ __forceinline__ BlockWork block_work(int64_t block, int query_tiles, int64_t heads_total, bool causal) {
-  if (causal) {
-    return {query_tiles - 1 - static_cast<int>(block / heads_total), block % heads_total};
-  }
-  return {static_cast<int>(block % query_tiles), block / query_tiles};
+  return ordered_work<int>(block, query_tiles, heads_total, causal);
 }
-
-// The same order for a kernel that loops over its work items (a grid-stride loop: stages 03-05),
-// with the query tile in 64 bits like the rest of their row arithmetic. (Narrowed to 32 bits, as
-// block_work has it, the tile costs those kernels their uniform-datapath address arithmetic:
-// ptxas moves it to vector registers.)
-struct WorkItem {
-  int64_t query_tile;
-  int64_t query_head;  // b·Hq + h
-};
 
 __device__ __forceinline__ WorkItem work_item(int64_t work, int64_t query_tiles, int64_t heads_total, bool causal) {
-  if (causal) return {query_tiles - 1 - work / heads_total, work % heads_total};
-  return {work % query_tiles, work / query_tiles};
-}
-
-// The keys a block's rows see follow from the rule of fa/causal.hpp (causal_key_end). This is that
-// rule in 32-bit arithmetic, for kernels that number rows and keys with ints and have no register
-// to spare (stages 05-07, where 64-bit bounds cost registers in the hot loop): row `row` sees the
-// keys below the returned limit. It equals causal_key_end(row, q_seq, kv_seq) where that is
-// positive, and is 0 or less for a row that sees no key (no clamp at 0: the kernels compare
-// `key < limit`, which needs none). Without the mask every row sees all kv_seq keys.
-__device__ __forceinline__ int visible_key_limit(int row, int q_seq, int kv_seq, bool causal) {
-  return causal ? min(kv_seq, row + 1 + kv_seq - q_seq) : kv_seq;
+  return ordered_work<int64_t>(work, query_tiles, heads_total, causal);
 }
 
 // The key/value head that query head `query_head` (= b·Hq + h) reads: b·Hkv + h / (Hq / Hkv), the
