@@ -22,7 +22,8 @@ Status opt_in_shared_memory(const void* kernel, int64_t bytes, Carveout carveout
       error != cudaSuccess) {
     return Status::cuda(error);
   }
-  const int preference = carveout == Carveout::max_shared ? cudaSharedmemCarveoutMaxShared : cudaSharedmemCarveoutDefault;
+  const int preference =
+      carveout == Carveout::max_shared ? cudaSharedmemCarveoutMaxShared : cudaSharedmemCarveoutDefault;
   return Status::cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, preference));
 }
 

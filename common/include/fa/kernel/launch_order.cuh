@@ -36,7 +36,7 @@ __device__ __forceinline__ Work<Tile> ordered_work(int64_t index, Tile query_til
   const Tile band_tiles = max(Tile{1}, min(Tile{kCausalBandTiles}, query_tiles / 4));
   const int64_t band = index / (band_tiles * heads_total);
   const Tile heaviest = query_tiles - 1 - static_cast<Tile>(band) * band_tiles;  // the band's first tile
-  const Tile width = min(band_tiles, heaviest + 1);                             // the last band may be short
+  const Tile width = min(band_tiles, heaviest + 1);                              // the last band may be short
   const int64_t in_band = index - band * band_tiles * heads_total;
   return {heaviest - static_cast<Tile>(in_band % width), in_band / width};
 }
