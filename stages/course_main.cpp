@@ -125,6 +125,8 @@ int main(int argc, char** argv) {
       const bool cpu = stage.backend == fa::Backend::cpu;
       fa::RunOptions options = cpu ? cpu_options(line.run) : line.run;
       if (cpu) options.problem = cpu_problem;
+      // A stage whose idea is the backward pass (11) shows its backward; its forward is an earlier stage's.
+      if (stage.features.backward) options.pass = fa::Pass::backward;
       fa::RunOutcome outcome = fa::run_stage(stage, options);
       if (outcome.exit_code == fa::kExitNoDevice) {
         // Not a failure of the course: this machine cannot run the stage.
@@ -137,8 +139,8 @@ int main(int argc, char** argv) {
       }
       rows.push_back(outcome.row);
     }
-    // The speed-up column compares each stage with the last stage before it that ran, in the same
-    // precision where that one has it (08's bf16 row with 07's bf16 row), by FLOP/s: the same as by
+    // The speed-up column compares each stage with the last stage before it that ran the same pass, in the
+    // same precision where that one has it (08's bf16 row with 07's bf16 row), by FLOP/s: the same as by
     // time where both ran the same problem, and still a fair ratio for the smaller CPU problem.
     for (std::size_t i = 0; i < rows.size(); ++i) {
       fa::ResultRow& row = rows[i];
@@ -146,7 +148,9 @@ int main(int argc, char** argv) {
       const fa::ResultRow* previous = nullptr;
       for (std::size_t j = i; j-- > 0;) {
         const fa::ResultRow& earlier = rows[j];
-        if (earlier.status != "ok" || earlier.tflops <= 0.0 || earlier.stage == row.stage) continue;
+        if (earlier.status != "ok" || earlier.tflops <= 0.0 || earlier.stage == row.stage || earlier.pass != row.pass) {
+          continue;
+        }
         if (previous != nullptr && previous->stage != earlier.stage) break;  // only the stage just before
         if (previous == nullptr || earlier.dtype == row.dtype) previous = &earlier;
       }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "catch_compat.hpp"
@@ -542,4 +543,52 @@ TEST_CASE("capi: host memory for a CUDA stage and device memory for the CPU stag
   const fa_forward_args device_to_cpu = forward_args(&problem, h, h, h, d);
   CHECK(fa_forward_v2("01_cpu", &device_to_cpu) == FA_INVALID_ARGUMENT);
   CHECK(contains(last_error(), "o must be host memory"));
+}
+
+TEST_CASE("capi: v2 backward through the C++ backward of stage 11 matches the reference gradients") {
+  // "11_backward/fp32" is stage 11's third descriptor, on the CPU: its forward writes O and the LSE,
+  // its backward dQ, dK and dV (poisoned first) from dO, in host memory. GQA, Nq != Nk, causal.
+  const char* id = "11_backward/fp32";
+  if (fa_stage_features(id) < 0) {
+    SUCCEED("stage 11 is not part of this build (FA_ONLY_STAGES)");
+    return;
+  }
+  REQUIRE((fa_stage_features(id) & FA_FEATURE_BACKWARD) != 0);
+  const fa_problem problem = make_problem(2, 4, 2, 23, 41, 24, true);
+  HostCall call(problem, 1190);
+  REQUIRE(fa_forward_v2(id, &call.args) == FA_OK);
+  const fa::Problem general = to_problem(problem);
+  const std::vector<float> grad_o = fa::random_output_gradient(general, 1190);
+  std::vector<float> grad_q(call.inputs.q.size(), NAN), grad_k(call.inputs.k.size(), NAN),
+      grad_v(call.inputs.v.size(), NAN);
+  const int64_t workspace_bytes = fa_workspace_bytes_v2(id, &problem, FA_PASS_BACKWARD);
+  REQUIRE(workspace_bytes == general.q_rows() * static_cast<int64_t>(sizeof(float)));
+  std::vector<float> workspace(static_cast<std::size_t>(general.q_rows()));
+  fa_backward_args args;
+  fa_init_backward_args(&args);
+  args.problem = &problem;
+  args.q = call.inputs.q.data();
+  args.k = call.inputs.k.data();
+  args.v = call.inputs.v.data();
+  args.o = call.o.data();
+  args.grad_o = grad_o.data();
+  args.lse = call.lse.data();
+  args.grad_q = grad_q.data();
+  args.grad_k = grad_k.data();
+  args.grad_v = grad_v.data();
+  args.workspace = workspace.data();
+  const int status = fa_backward_v2(id, &args);
+  INFO(last_error());
+  REQUIRE(status == FA_OK);
+  const fa::GradientReference expected = fa::reference_backward(call.inputs, grad_o, {0, 1, 2, 3});
+  const double unit = fa::gradient_tolerance_unit(fa::Precision::fp32);
+  for (const auto& [actual, values, bound] :
+       {std::tuple<const std::vector<float>*, const std::vector<double>*, const std::vector<double>*>{
+            &grad_q, &expected.dq, &expected.dq_bound},
+        {&grad_k, &expected.dk, &expected.dk_bound},
+        {&grad_v, &expected.dv, &expected.dv_bound}}) {
+    const fa::ErrorReport errors = fa::compare_gradient(*actual, *values, *bound, unit);
+    INFO(errors.summary());
+    CHECK(errors.passed());
+  }
 }

@@ -31,20 +31,39 @@ const std::initializer_list<fa::StageDescriptor (*)()> kStages = {fa::stages::mm
 
 }  // namespace
 
+TEST_CASE("stage08: every head dim from 1 to 256, in every bucket, causal and not, with the LSE") {
+  // D = 1 .. 256 covers every bucket (64, 96, 128, 192, 256) at its own D (two strips up to 128),
+  // padded up to it (one strip) and on the synchronous path (D % 8 != 0). 150 queries: two query
+  // tiles of 128 rows, the second partial; 150 keys: three 64-key tiles or five 32-key tiles, the
+  // last partial. Every row and the LSE checked.
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
+    fa::test::require_stage_runnable(stage);
+    uint64_t seed = 790;
+    for (int64_t dim = 1; dim <= 256; ++dim) {
+      for (const bool causal : {false, true}) {
+        fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(1, 2, 150, dim, causal), seed++), 0,
+                                 /*lse=*/true);
+      }
+    }
+  }
+}
+
 TEST_CASE("stage08: head dims that are not multiples of 8 take the synchronous path") {
-  // 197 keys: several ring turns and a partial tile in both buckets; B·H = 4. Every row checked.
+  // 197 keys: several ring turns and a partial tile in every bucket; B·H = 4. Every row checked.
   for (const auto factory : kStages) {
     const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 800;
-    for (const int64_t dim : {1, 2, 17, 63, 100, 127}) {
+    for (const int64_t dim : {1, 2, 17, 63, 90, 100, 127, 130, 191, 201, 255}) {
       fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(2, 2, 197, dim), seed++));
     }
   }
 }
 
-TEST_CASE("stage08: both buckets, with zero-filled padding columns and tail rows") {
-  // D % 8 == 0 takes cp.async; 8 .. 56 are padded up to the 64 bucket, 72 .. 120 up to 128.
+TEST_CASE("stage08: every bucket, with zero-filled padding columns and tail rows") {
+  // D % 8 == 0 takes cp.async; 8 .. 56 are padded up to the 64 bucket, 72 and 88 up to 96,
+  // 104 and 120 up to 128, 136 and 184 up to 192, 200 and 248 up to 256.
   // N = 1 (one partial tile), 31 (less than a tile), 64 (exactly one), 130 and 333 (several ring
   // turns, a partial last tile, and query rows past N in the last block).
   for (const auto factory : kStages) {
@@ -52,23 +71,23 @@ TEST_CASE("stage08: both buckets, with zero-filled padding columns and tail rows
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 810;
     for (const int64_t seq : {1, 31, 64, 130, 333}) {
-      for (const int64_t dim : {8, 16, 24, 40, 56, 64, 72, 96, 120, 128}) {
+      for (const int64_t dim : {8, 16, 24, 40, 56, 64, 72, 88, 96, 104, 120, 128, 136, 184, 192, 200, 248, 256}) {
         fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(1, 2, seq, dim), seed++));
       }
     }
   }
 }
 
-TEST_CASE("stage08: causal masking in both buckets and on the synchronous path") {
-  // N around the 64-row query tiles and 64-key tiles: the diagonal tile whole (64, 128), partial
-  // (65, 100, 333) or the only one (1, 5, 63); B·H = 3 so heads interleave in the reversed grid.
-  // D = 100 takes the synchronous path.
+TEST_CASE("stage08: causal masking in every bucket and on the synchronous path") {
+  // N around the 64- and 128-row query tiles and the 32- and 64-key tiles: the diagonal tile whole
+  // (64, 128), partial (65, 100, 333) or the only one (1, 5, 63); B·H = 3 so heads interleave in
+  // the reversed grid. D = 100 and 250 take the synchronous path, 200 the padded 256 bucket.
   for (const auto factory : kStages) {
     const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 820;
     for (const int64_t seq : {1, 5, 63, 64, 65, 100, 128, 333}) {
-      for (const int64_t dim : {40, 64, 100, 128}) {
+      for (const int64_t dim : {40, 64, 96, 100, 128, 192, 200, 250, 256}) {
         fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem::square(3, 1, seq, dim, true), seed++));
       }
     }
@@ -77,14 +96,15 @@ TEST_CASE("stage08: causal masking in both buckets and on the synchronous path")
 
 TEST_CASE("stage08: grouped-query and multi-query heads read their group's K and V") {
   // Hq = 8 over Hkv = 2 (four query heads a group) and Hkv = 1 (multi-query), B = 2 so the batch
-  // offset of the K/V head counts too; both buckets (64, 128: the two-strip kernels), a padded D
-  // (72: one strip) and the synchronous path (100); causal and not. Every row and the LSE checked.
+  // offset of the K/V head counts too; the buckets' own D (64, 96, 128: two strips; 192, 256: eight
+  // warps of one strip), a padded D (72, 200: one strip) and the synchronous path (100); causal
+  // and not. Every row and the LSE checked.
   for (const auto factory : kStages) {
     const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 830;
     for (const int64_t kv_heads : {2, 1}) {
-      for (const int64_t dim : {64, 128, 72, 100}) {
+      for (const int64_t dim : {64, 96, 128, 192, 256, 72, 200, 100}) {
         for (const bool causal : {false, true}) {
           const fa::Problem problem{2, 8, kv_heads, 150, 150, dim, causal};
           fa::test::check_stage_on(stage, fa::random_inputs(problem, seed++), 0, /*lse=*/true);
@@ -97,9 +117,10 @@ TEST_CASE("stage08: grouped-query and multi-query heads read their group's K and
 TEST_CASE("stage08: Nq != Nk, with the causal mask aligned to the bottom-right corner") {
   // Nq < Nk: every row sees Nk - Nq keys more than its index. Nq > Nk under the mask: the first
   // Nq - Nk rows see no key (zeros and LSE = -inf); with 333 queries over 100 keys the first
-  // 233 rows are blind, so whole blocks see nothing (Br = 128 in the two-strip kernels, 64
-  // otherwise) and must still write their zeros. Nq = 1 with 1000 keys: the decoding shape, one
-  // query row that sees every key. Both buckets and the synchronous path, causal and not.
+  // 233 rows are blind, so whole blocks see nothing (Br = 128 in the two-strip and eight-warp
+  // kernels, 64 otherwise) and must still write their zeros. Nq = 1 with 1000 keys: the decoding
+  // shape, one query row that sees every key. The 64, 128, 192 and 256 buckets and the synchronous
+  // path, causal and not.
   struct Lengths {
     int64_t q_seq, kv_seq;
   };
@@ -109,7 +130,7 @@ TEST_CASE("stage08: Nq != Nk, with the causal mask aligned to the bottom-right c
     uint64_t seed = 850;
     for (const Lengths lengths : {Lengths{100, 333}, Lengths{333, 100}, Lengths{1, 1000}, Lengths{64, 1},
                                   Lengths{1000, 10}, Lengths{129, 128}}) {
-      for (const int64_t dim : {64, 128, 100}) {
+      for (const int64_t dim : {64, 128, 192, 256, 100}) {
         for (const bool causal : {false, true}) {
           const fa::Problem problem{1, 2, 2, lengths.q_seq, lengths.kv_seq, dim, causal};
           fa::test::check_stage_on(stage, fa::random_inputs(problem, seed++), 0, /*lse=*/true);
@@ -120,13 +141,13 @@ TEST_CASE("stage08: Nq != Nk, with the causal mask aligned to the bottom-right c
 }
 
 TEST_CASE("stage08: everything general at once (GQA, Nq != Nk, causal, LSE)") {
-  // Hq = 6 over Hkv = 3, B = 2, 77 queries over 250 keys and 250 over 77, in all three kernels
-  // of each bucket.
+  // Hq = 6 over Hkv = 3, B = 2, 77 queries over 250 keys and 250 over 77, in the three kernels
+  // of the buckets (own D, padded D, synchronous).
   for (const auto factory : kStages) {
     const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 880;
-    for (const int64_t dim : {32, 64, 96, 128, 50}) {
+    for (const int64_t dim : {32, 64, 96, 128, 160, 192, 256, 50, 210}) {
       for (const bool causal : {false, true}) {
         fa::test::check_stage_on(stage, fa::random_inputs(fa::Problem{2, 6, 3, 77, 250, dim, causal}, seed++), 0,
                                  /*lse=*/true);
@@ -141,7 +162,7 @@ TEST_CASE("stage08: describes what it takes, and the runner refuses the rest bef
   // Needs no device: the descriptor and fa::unsupported_reason only.
   for (const auto factory : kStages) {
     const fa::StageDescriptor stage = factory();
-    CHECK(stage.max_dim == 128);
+    CHECK(stage.max_dim == 256);
     CHECK(stage.architecture.compute_capability == 80);
     CHECK_FALSE(stage.architecture.exact);
     CHECK(stage.features.causal);
@@ -151,7 +172,7 @@ TEST_CASE("stage08: describes what it takes, and the runner refuses the rest bef
     CHECK_FALSE(stage.features.backward);
     CHECK(stage.backward == nullptr);
     CHECK(stage.kv_passes == 1.0);
-    for (const fa::Problem& problem : {fa::Problem::square(1, 1, 64, 129), fa::Problem::square(1, 1, 64, 256),
+    for (const fa::Problem& problem : {fa::Problem::square(1, 1, 64, 257), fa::Problem::square(1, 1, 64, 512),
                                        fa::Problem::square(1, 1, 0, 64), fa::Problem::square(1, 1, 64, 0),
                                        fa::Problem::square(0, 1, 64, 64), fa::Problem{1, 8, 3, 64, 64, 64, false}}) {
       CHECK_FALSE(fa::unsupported_reason(stage, problem, /*wants_lse=*/true).empty());
@@ -159,7 +180,8 @@ TEST_CASE("stage08: describes what it takes, and the runner refuses the rest bef
     CHECK_FALSE(fa::unsupported_reason(stage, fa::Problem::square(1, 1, 64, 64), false, fa::Pass::backward).empty());
     for (const fa::Problem& problem :
          {fa::Problem{2, 32, 8, 4, 4096, 128, true}, fa::Problem{1, 8, 1, 333, 100, 64, true},
-          fa::Problem::square(4, 16, 4096, 128, true)}) {
+          fa::Problem::square(4, 16, 4096, 128, true), fa::Problem::square(4, 16, 4096, 256),
+          fa::Problem{2, 32, 8, 4096, 4096, 192, true}}) {
       CHECK(fa::unsupported_reason(stage, problem, /*wants_lse=*/true).empty());
     }
   }

@@ -33,8 +33,18 @@ foreach(arch 80 90)
     PATTERN "cp\\.async\\.cg\\.shared\\.global"
     PATTERN "cp\\.async\\.commit_group" PATTERN "cp\\.async\\.wait_group [0-9]+")
 endforeach()
-# The D = 128 two-strip kernel runs at the 255-register limit, and fits it on sm_80 and sm_90.
+# The spill test assembles every kernel of the file: for each head-dim bucket (64, 96, 128, 192,
+# 256) and precision, the kernel at the bucket's own D, the padded one and the synchronous one. The
+# D = 96 and 128 two-strip kernels and the D = 192 eight-warp kernel run at or near the
+# 255-register limit, and fit it on sm_80 and sm_90. The pattern test checks that the PTX holds
+# the kernel of each bucket's own D, so that the spill test covers every bucket.
 foreach(arch 80 90)
+  fa_add_structural_test(NAME "stage08: PTX holds a kernel for every head-dim bucket (sm_${arch})"
+    STAGE 08_mma_registers SOURCE mma_registers.cu ARCH ${arch}
+    PATTERN "mma_attention_kernel[A-Za-z0-9_]*Li64ELb1ELb1E" PATTERN "mma_attention_kernel[A-Za-z0-9_]*Li96ELb1ELb1E"
+    PATTERN "mma_attention_kernel[A-Za-z0-9_]*Li128ELb1ELb1E"
+    PATTERN "mma_attention_kernel[A-Za-z0-9_]*Li192ELb1ELb1E"
+    PATTERN "mma_attention_kernel[A-Za-z0-9_]*Li256ELb1ELb1E")
   fa_add_spill_test(NAME "stage08: ptxas spills nothing to local memory (sm_${arch})"
     STAGE 08_mma_registers SOURCE mma_registers.cu ARCH ${arch})
 endforeach()
@@ -56,3 +66,31 @@ fa_add_structural_test(NAME "stage09: PTX issues wgmma, TMA copies, mbarrier wai
 # The consumers' O (up to 128 FP32 registers at D = 256), S and P live in registers: no kernel may spill.
 fa_add_spill_test(NAME "stage09: ptxas spills nothing to local memory (sm_90a)"
   STAGE 09_wgmma_tma SOURCE wgmma_tma.cu ARCH 90a)
+# Stage 11 needs sm_80: the backward's five products as mma.sync in both precisions, ldmatrix plain
+# and transposing, the cp.async ring, and dQ's FP32 atomic adds. dK and dV for a warp's 16 keys live
+# in registers beside S^T and dP^T (about 250 at D = 128): no kernel may spill.
+foreach(arch 80 90)
+  fa_add_structural_test(NAME "stage11: PTX issues mma.sync, ldmatrix, cp.async and FP32 atomic adds (sm_${arch})"
+    STAGE 11_backward SOURCE backward_mma.cu ARCH ${arch}
+    PATTERN "mma\\.sync\\.aligned\\.m16n8k16\\.row\\.col\\.f32\\.f16\\.f16\\.f32"
+    PATTERN "mma\\.sync\\.aligned\\.m16n8k16\\.row\\.col\\.f32\\.bf16\\.bf16\\.f32"
+    PATTERN "ldmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.shared\\.b16"
+    PATTERN "ldmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.trans\\.shared\\.b16"
+    PATTERN "cp\\.async\\.cg\\.shared\\.global"
+    PATTERN "(red|atom)\\.global\\.add\\.f32")
+  fa_add_spill_test(NAME "stage11: ptxas spills nothing to local memory (sm_${arch})"
+    STAGE 11_backward SOURCE backward_mma.cu ARCH ${arch})
+endforeach()
+# Stage 10 is stage 09 with FlashAttention-3's schedule: besides stage 09's instructions, a
+# wgmma.wait_group 1 (the wait for S that leaves P·V running) and the turn-taking named barriers
+# (bar.sync and bar.arrive with a thread count). No kernel may spill: S of one tile, P of the last
+# one and O are live at once.
+fa_add_structural_test(NAME "stage10: PTX overlaps S with P·V (wait_group 1) and takes turns at named barriers (sm_90a)"
+  STAGE 10_overlap SOURCE overlap.cu ARCH 90a
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k16\\.f32\\.f16\\.f16"
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k16\\.f32\\.bf16\\.bf16"
+  PATTERN "wgmma\\.wait_group\\.sync\\.aligned 1" PATTERN "bar\\.arrive %r[0-9]+, %r[0-9]+"
+  PATTERN "cp\\.async\\.bulk\\.tensor\\.3d\\.shared::cluster\\.global\\.tile\\.mbarrier::complete_tx::bytes"
+  PATTERN "setmaxnreg\\.inc\\.sync\\.aligned\\.u32 240")
+fa_add_spill_test(NAME "stage10: ptxas spills nothing to local memory (sm_90a)"
+  STAGE 10_overlap SOURCE overlap.cu ARCH 90a)

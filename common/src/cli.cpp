@@ -78,6 +78,16 @@ ParseResult parse_command_line(const std::string& program, int64_t max_dim, cons
   app.add_flag("--causal", problem.causal,
                "causal masking: query i attends to keys 0..i (with --seq-k: 0..i + Nk - N, aligned bottom-right)");
   app.add_flag("--lse", run.lse, "also write the per-row log-sum-exp, and check it");
+  std::string pass = pass_name(defaults.run.pass);
+  app.add_option("--pass", pass,
+                 "bwd: the backward pass (the stage's forward writes O and the LSE, then dQ, dK, dV from a random dO "
+                 "are checked and the backward alone is timed)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fwd", "bwd"}));
+  app.add_option("--check-kv-heads", run.check_kv_heads,
+                 "backward: whole (batch, key/value head) groups compared with the double reference")
+      ->capture_default_str()
+      ->check(whole_number(1, kMaxBatchHeads, "--check-kv-heads"));
   app.add_option("--seed", run.seed, "seed of the random inputs")
       ->capture_default_str()
       ->check(whole_number(0, std::numeric_limits<int64_t>::max(), "the seed"));
@@ -110,6 +120,7 @@ ParseResult parse_command_line(const std::string& program, int64_t max_dim, cons
   for (const char* option : {"--batch", "--heads", "--kv-heads", "--seq", "--seq-k", "--dim"}) {
     if (app.count(option) > 0) line.shape_given = true;
   }
+  run.pass = pass == "bwd" ? Pass::backward : Pass::forward;
   problem.kv_heads = kv_heads > 0 ? kv_heads : problem.q_heads;
   problem.kv_seq = kv_seq > 0 ? kv_seq : problem.q_seq;
   if (problem.q_heads % problem.kv_heads != 0) {

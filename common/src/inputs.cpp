@@ -58,9 +58,16 @@ Inputs random_inputs(const Problem& problem, uint64_t seed) {
 }
 
 void round_to_precision(Inputs& inputs, Precision precision) {
-  for (std::vector<float>* tensor : {&inputs.q, &inputs.k, &inputs.v}) {
-    for (float& value : *tensor) value = round_one(value, precision);
-  }
+  for (std::vector<float>* tensor : {&inputs.q, &inputs.k, &inputs.v}) round_to_precision(*tensor, precision);
+}
+
+void round_to_precision(std::vector<float>& values, Precision precision) {
+  for (float& value : values) value = round_one(value, precision);
+}
+
+std::vector<float> random_output_gradient(const Problem& problem, uint64_t seed) {
+  SplitMix64 random(seed ^ 0xD0D0D0D0DEADBEEFull);
+  return uniform_values(problem.q_elements(), random);
 }
 
 std::vector<unsigned char> encode(const std::vector<float>& values, Precision precision) {

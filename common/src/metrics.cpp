@@ -69,6 +69,9 @@ std::string ErrorReport::summary() const {
   std::ostringstream text;
   if (non_finite > 0) {
     text << non_finite << " non-finite outputs (first at element " << first_non_finite << ")";
+  } else if (beyond_tolerance > 0) {
+    text << beyond_tolerance << " elements beyond their tolerance; max abs error " << max_abs_err << " at element "
+         << max_abs_index << ", relative L2 error " << rel_l2_err;
   } else {
     text << "max abs error " << max_abs_err << " at element " << max_abs_index << " (tolerance " << tolerance
          << "), relative L2 error " << rel_l2_err;
@@ -88,6 +91,35 @@ double tolerance(Precision precision, double max_abs_v, double logit_bound) {
       return 4.0 * std::ldexp(1.0, -8) * scale + score_rounding;
   }
   return 0.0;
+}
+
+double gradient_tolerance_unit(Precision precision, double logit_bound) {
+  const double score_rounding = 16.0 * std::ldexp(1.0, -24) * logit_bound;
+  switch (precision) {
+    case Precision::fp32:
+      return 4.0 * (1e-5 + score_rounding);
+    case Precision::fp16:
+      return 4.0 * (std::ldexp(1.0, -11) + score_rounding);
+    case Precision::bf16:
+      return 4.0 * (std::ldexp(1.0, -8) + score_rounding);
+  }
+  return 0.0;
+}
+
+ErrorReport compare_gradient(const std::vector<float>& actual, const std::vector<double>& expected,
+                             const std::vector<double>& bound, double unit) {
+  ErrorReport report = compare(actual, expected, 0.0);
+  const double largest_bound = bound.empty() ? 0.0 : *std::max_element(bound.begin(), bound.end());
+  const double floor = std::ldexp(1.0, -24) * largest_bound;
+  double largest_tolerance = 0.0;
+  for (std::size_t i = 0; i < actual.size() && i < expected.size() && i < bound.size(); ++i) {
+    const double element_tolerance = unit * bound[i] + floor;
+    largest_tolerance = std::max(largest_tolerance, element_tolerance);
+    const double value = static_cast<double>(actual[i]);
+    if (std::isfinite(value) && std::fabs(value - expected[i]) > element_tolerance) ++report.beyond_tolerance;
+  }
+  report.tolerance = report.non_finite > 0 ? 0.0 : largest_tolerance;
+  return report;
 }
 
 double logit_bound(const std::vector<float>& q, const std::vector<float>& k, int64_t dim) {

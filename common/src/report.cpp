@@ -118,9 +118,10 @@ void print_table(std::ostream& out, const std::vector<ResultRow>& rows, bool wit
   for (const ResultRow& row : rows) {
     const bool ran = row.status == "ok";
     const bool timed = ran && row.ms_median > 0.0;  // --reps 0 checks without timing
-    out << std::left << std::setw(20) << row.stage << std::right << std::setw(6) << row.dtype << std::setw(12)
-        << (timed ? fixed(row.ms_median, 3) : "-") << std::setw(11) << (timed ? flops_cell(row.tflops) : "-")
-        << std::setw(10) << (timed ? gbps_cell(row.gbps) : "-");
+    // A backward row says so after the stage's name ("11_backward bwd"); forward rows are the default.
+    out << std::left << std::setw(20) << (row.pass == "fwd" ? row.stage : row.stage + " " + row.pass) << std::right
+        << std::setw(6) << row.dtype << std::setw(12) << (timed ? fixed(row.ms_median, 3) : "-") << std::setw(11)
+        << (timed ? flops_cell(row.tflops) : "-") << std::setw(10) << (timed ? gbps_cell(row.gbps) : "-");
     if (with_speedup) out << std::setw(10) << (timed && row.speedup > 0.0 ? fixed(row.speedup, 2) + "x" : "-");
     out << std::setw(12) << format_bytes(row.peak_bytes) << std::setw(12) << (ran ? number(row.max_abs_err, 2) : "-")
         << "  " << row.status;

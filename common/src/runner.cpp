@@ -12,6 +12,7 @@
 #include <new>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
 #include "fa/cli.hpp"
 #include "fa/cuda_check.hpp"
@@ -100,6 +101,9 @@ class StageBuffers {
   DeviceBuffer device_q_, device_k_, device_v_, device_o_, device_lse_, device_workspace_;
 };
 
+// The backward pass needs the forward's log-sum-exp whether or not --lse asked for it.
+bool wants_lse(const RunOptions& options) { return options.lse || options.pass == Pass::backward; }
+
 bool is_out_of_memory(cudaError_t code) { return code == cudaErrorMemoryAllocation; }
 
 // A stage's Status as the runner's exception: a decline is "unsupported", not a CUDA error.
@@ -117,17 +121,153 @@ std::vector<float> gather(const std::vector<float>& values, const std::vector<in
   return gather_rows(values, rows, 1);
 }
 
+// One tensor of the backward pass, as the bytes of the stage's precision: in device memory for a
+// CUDA stage, in host memory for the CPU one.
+class StageTensor {
+ public:
+  StageTensor(bool cuda, std::vector<unsigned char> bytes) : cuda_(cuda), host_(std::move(bytes)) {
+    if (cuda_) device_ = DeviceBuffer::from(host_);
+  }
+  // Scratch of `bytes` that nobody reads before the stage writes it (the workspace): not uploaded.
+  StageTensor(bool cuda, int64_t bytes) : cuda_(cuda) {
+    if (cuda_) {
+      device_ = DeviceBuffer(static_cast<std::size_t>(bytes));
+    } else {
+      host_.resize(static_cast<std::size_t>(bytes));
+    }
+  }
+  void* get() { return cuda_ ? device_.get() : static_cast<void*>(host_.data()); }
+  const std::vector<unsigned char>& download() {
+    if (cuda_) device_.download(host_.data(), host_.size());
+    return host_;
+  }
+
+ private:
+  bool cuda_;
+  std::vector<unsigned char> host_;
+  DeviceBuffer device_;
+};
+
+std::vector<unsigned char> poison_bytes(int64_t elements, int element_bytes) {
+  return std::vector<unsigned char>(static_cast<std::size_t>(elements * element_bytes), 0xFF);  // NaN in every type
+}
+
+// The whole-group blocks of a gradient that the reference computed: `block` elements per K/V head
+// listed, starting at head · block (dK, dV) or at the group's first query head (dQ).
+std::vector<float> gather_blocks(const std::vector<float>& values, const std::vector<int64_t>& kv_heads,
+                                 int64_t block) {
+  std::vector<float> picked;
+  picked.reserve(kv_heads.size() * static_cast<std::size_t>(block));
+  for (int64_t head : kv_heads) {
+    picked.insert(picked.end(), values.begin() + head * block, values.begin() + (head + 1) * block);
+  }
+  return picked;
+}
+
+// The backward pass of run_stage_on: the stage's own forward writes O and the LSE, its backward
+// turns dO into dQ, dK and dV (each poisoned first), checked on whole (batch, K/V head) groups and
+// timed alone.
+void run_backward(const StageDescriptor& stage, const Inputs& inputs, const RunOptions& options, int64_t workspace,
+                  RunOutcome& outcome) {
+  const Problem& problem = inputs.problem;
+  const bool cuda = stage.backend == Backend::cuda;
+  const Precision precision = stage.precision;
+  const int element_bytes = precision_bytes(precision);
+  std::vector<float> grad_o = random_output_gradient(problem, options.seed);
+  round_to_precision(grad_o, precision);
+  const std::vector<float> nan_lse(static_cast<std::size_t>(problem.q_rows()), std::nanf(""));
+  StageTensor q(cuda, encode(inputs.q, precision));
+  StageTensor k(cuda, encode(inputs.k, precision));
+  StageTensor v(cuda, encode(inputs.v, precision));
+  StageTensor o(cuda, poison_bytes(problem.q_elements(), element_bytes));
+  StageTensor grad_out(cuda, encode(grad_o, precision));
+  StageTensor lse(cuda, encode(nan_lse, Precision::fp32));
+  StageTensor grad_q(cuda, poison_bytes(problem.q_elements(), element_bytes));
+  StageTensor grad_k(cuda, poison_bytes(problem.kv_elements(), element_bytes));
+  StageTensor grad_v(cuda, poison_bytes(problem.kv_elements(), element_bytes));
+  StageTensor work(cuda, workspace);
+
+  ForwardArgs forward_args;
+  forward_args.problem = problem;
+  forward_args.q = q.get();
+  forward_args.k = k.get();
+  forward_args.v = v.get();
+  forward_args.o = o.get();
+  forward_args.lse = static_cast<float*>(lse.get());
+  forward_args.workspace = work.get();
+  require_ok(stage.forward(forward_args));
+
+  BackwardArgs args;
+  args.problem = problem;
+  args.q = q.get();
+  args.k = k.get();
+  args.v = v.get();
+  args.o = o.get();
+  args.grad_o = grad_out.get();
+  args.lse = static_cast<const float*>(lse.get());
+  args.grad_q = grad_q.get();
+  args.grad_k = grad_k.get();
+  args.grad_v = grad_v.get();
+  args.workspace = work.get();
+  require_ok(stage.backward(args));
+  if (cuda) FA_CUDA_CHECK(cudaDeviceSynchronize());
+
+  ResultRow& row = outcome.row;
+  if (options.check) {
+    const std::vector<int64_t> heads = kv_heads_to_check(problem, options.check_kv_heads, options.seed);
+    const GradientReference expected = reference_backward(inputs, grad_o, heads);
+    const double unit = gradient_tolerance_unit(precision, logit_bound(inputs.q, inputs.k, problem.dim));
+    const int64_t group_q_block = problem.group_size() * problem.q_seq * problem.dim;
+    const int64_t kv_block = problem.kv_seq * problem.dim;
+    outcome.grad_q_errors = compare_gradient(gather_blocks(decode(grad_q.download(), precision), heads, group_q_block),
+                                             expected.dq, expected.dq_bound, unit);
+    outcome.grad_k_errors = compare_gradient(gather_blocks(decode(grad_k.download(), precision), heads, kv_block),
+                                             expected.dk, expected.dk_bound, unit);
+    outcome.grad_v_errors = compare_gradient(gather_blocks(decode(grad_v.download(), precision), heads, kv_block),
+                                             expected.dv, expected.dv_bound, unit);
+    outcome.checked = true;
+    for (const auto& [name, errors] : {std::pair<const char*, const ErrorReport*>{"dQ", &outcome.grad_q_errors},
+                                       {"dK", &outcome.grad_k_errors},
+                                       {"dV", &outcome.grad_v_errors}}) {
+      row.max_abs_err = std::max(row.max_abs_err, errors->max_abs_err);
+      row.rel_l2_err = std::max(row.rel_l2_err, errors->rel_l2_err);
+      if (!errors->passed()) {
+        row.status = "error";
+        row.note += std::string(row.note.empty() ? "" : "; ") + "wrong " + name + ": " + errors->summary();
+        outcome.exit_code = kExitWrong;
+      }
+    }
+  }
+
+  if (options.time && options.reps > 0) {
+    auto run_once = [&] { require_ok(stage.backward(args)); };
+    const Timing timing = cuda ? time_cuda(run_once, options.warmup, options.reps, nullptr)
+                               : time_host(run_once, options.warmup, options.reps);
+    row.ms_median = timing.ms_median;
+    row.ms_min = timing.ms_min;
+    row.tflops = attention_flops(problem, Pass::backward) / (timing.ms_median * 1e-3) / 1e12;
+    row.gbps =
+        static_cast<double>(minimum_bytes(problem, element_bytes, Pass::backward)) / (timing.ms_median * 1e-3) / 1e9;
+  }
+}
+
 }  // namespace
 
-int64_t host_bytes_needed(const StageDescriptor& stage, const Problem& problem, bool with_lse) {
+int64_t host_bytes_needed(const StageDescriptor& stage, const Problem& problem, bool with_lse, Pass pass) {
   const int64_t element_bytes = precision_bytes(stage.precision);
   const int64_t q = problem.q_elements();
   const int64_t kv = problem.kv_elements();
-  int64_t bytes = 4 * (q + 2 * kv);             // the FP32 inputs
-  bytes += element_bytes * (2 * q + 2 * kv);    // Q, K, V and O in the stage's precision
-  bytes += 4 * q;                               // O decoded to FP32
-  if (with_lse) bytes += 8 * problem.q_rows();  // the LSE, and its copy
-  if (stage.backend == Backend::cpu) bytes += workspace_bytes(stage, problem);
+  int64_t bytes = 4 * (q + 2 * kv);                                       // the FP32 inputs
+  bytes += element_bytes * (2 * q + 2 * kv);                              // Q, K, V and O in the stage's precision
+  bytes += 4 * q;                                                         // O decoded to FP32
+  if (with_lse || pass == Pass::backward) bytes += 8 * problem.q_rows();  // the LSE, and its copy
+  if (pass == Pass::backward) {
+    bytes += (4 + element_bytes) * q;                 // dO in FP32 and in the stage's precision
+    bytes += (4 + 2 * element_bytes) * (q + 2 * kv);  // dQ, dK, dV: two copies, and decoded
+  }
+  if (stage.backend == Backend::cpu) {
+    bytes += std::max(workspace_bytes(stage, problem), workspace_bytes(stage, problem, Pass::backward));
+  }
   return bytes;
 }
 
@@ -161,10 +301,10 @@ int64_t available_host_bytes() {
 
 int cpu_threads() { return std::max(1, omp_get_max_threads()); }
 
-double estimated_cpu_seconds(const Problem& problem, double flops_per_second) {
+double estimated_cpu_seconds(const Problem& problem, double flops_per_second, Pass pass) {
   constexpr double kFlopsPerThread = 5e9;  // stage 01 measures 2-10 GFLOP/s per core
   const double speed = flops_per_second > 0.0 ? flops_per_second : kFlopsPerThread * cpu_threads();
-  return attention_flops(problem) / speed;
+  return attention_flops(problem, pass) / speed;
 }
 
 double estimated_cpu_run_seconds(const RunOptions& options, double flops_per_second) {
@@ -173,6 +313,17 @@ double estimated_cpu_run_seconds(const RunOptions& options, double flops_per_sec
   // The reference is double precision on one core: about 1 GFLOP/s over the checked rows.
   const double rows = static_cast<double>(std::min(options.check_rows, problem.q_rows()));
   const double check = options.check ? 4.0 * rows * static_cast<double>(problem.kv_seq * problem.dim) / 1e9 : 0.0;
+  if (options.pass == Pass::backward) {
+    // The forward once, then the backward; the reference's backward is about 12 products per checked group.
+    const double groups = static_cast<double>(std::min(options.check_kv_heads, problem.kv_heads_total()));
+    const double reference =
+        options.check
+            ? 12.0 * groups * static_cast<double>(problem.group_size() * problem.q_seq * problem.kv_seq * problem.dim) /
+                  1e9
+            : 0.0;
+    return estimated_cpu_seconds(problem, flops_per_second) +
+           runs * estimated_cpu_seconds(problem, flops_per_second, Pass::backward) + reference;
+  }
   return runs * estimated_cpu_seconds(problem, flops_per_second) + check;
 }
 
@@ -211,13 +362,14 @@ RunOutcome run_stage(const StageDescriptor& stage, const RunOptions& options) {
   // What run_stage_on refuses (bad sizes, features, no GPU) it refuses before touching the inputs:
   // let it, without generating inputs for a problem that will not run.
   const DeviceInfo device = stage.backend == Backend::cuda ? query_device() : DeviceInfo{};
-  if (!validate_problem(problem, stage.max_dim).empty() || !unsupported_reason(stage, problem, options.lse).empty() ||
+  if (!validate_problem(problem, stage.max_dim).empty() ||
+      !unsupported_reason(stage, problem, wants_lse(options), options.pass).empty() ||
       !stage_unavailable_reason(stage, device).empty()) {
     return run_stage_on(stage, none, options);
   }
   // The host memory check: a problem too large for this machine is reported as out of memory
   // with the bytes it needs, never as std::bad_alloc (or the kernel's OOM killer).
-  const int64_t needed = host_bytes_needed(stage, problem, options.lse);
+  const int64_t needed = host_bytes_needed(stage, problem, options.lse, options.pass);
   const int64_t available = available_host_bytes();
   auto host_oom = [&](const std::string& note) {
     RunOutcome outcome;
@@ -225,6 +377,7 @@ RunOutcome run_stage(const StageDescriptor& stage, const RunOptions& options) {
     outcome.row.gpu = stage.backend == Backend::cuda ? device.name : "cpu";
     outcome.row.problem = problem;
     outcome.row.dtype = precision_name(stage.precision);
+    outcome.row.pass = pass_name(options.pass);
     outcome.row.source_hash = stage.source_hash;
     outcome.row.peak_bytes = needed;
     outcome.row.status = "oom";
@@ -252,6 +405,7 @@ RunOutcome run_stage_on(const StageDescriptor& stage, Inputs inputs, const RunOp
   row.stage = stage.id;
   row.problem = problem;
   row.dtype = precision_name(stage.precision);
+  row.pass = pass_name(options.pass);
   row.source_hash = stage.source_hash;
 
   auto refuse = [&](const std::string& status, const std::string& note, int exit_code) {
@@ -267,17 +421,24 @@ RunOutcome run_stage_on(const StageDescriptor& stage, Inputs inputs, const RunOp
   if (const std::string why = validate_problem(problem, stage.max_dim); !why.empty()) {
     return refuse(problem.dim > stage.max_dim ? "unsupported" : "error", why, kExitBadInput);
   }
-  if (const std::string why = unsupported_reason(stage, problem, options.lse); !why.empty()) {
+  if (const std::string why = unsupported_reason(stage, problem, wants_lse(options), options.pass); !why.empty()) {
     return refuse("unsupported", why, kExitBadInput);
+  }
+  const bool backward = options.pass == Pass::backward;
+  if (backward && stage.backward == nullptr) {
+    return refuse("error", std::string("stage ") + stage.id + " declares a backward pass but has none", kExitError);
   }
   if (const std::string why = stage_unavailable_reason(stage, device); !why.empty()) {
     return refuse("unsupported", why, kExitNoDevice);
   }
 
   round_to_precision(inputs, stage.precision);
-  const int64_t workspace = workspace_bytes(stage, problem);
+  // The backward pass runs the forward first, in the same workspace.
+  const int64_t workspace =
+      backward ? std::max(workspace_bytes(stage, problem), workspace_bytes(stage, problem, Pass::backward))
+               : workspace_bytes(stage, problem);
   const int element_bytes = precision_bytes(stage.precision);
-  const int64_t needed = minimum_bytes(problem, element_bytes, Pass::forward, options.lse) + workspace;
+  const int64_t needed = minimum_bytes(problem, element_bytes, options.pass, options.lse) + workspace;
   row.peak_bytes = needed;
 
   try {
@@ -291,6 +452,10 @@ RunOutcome run_stage_on(const StageDescriptor& stage, Inputs inputs, const RunOp
                           format_bytes(needed),
                       kExitOom);
       }
+    }
+    if (backward) {
+      run_backward(stage, inputs, options, workspace, outcome);
+      return outcome;
     }
     StageBuffers buffers(stage, inputs, workspace, options.lse);
     if (stage.backend == Backend::cuda) {
@@ -366,7 +531,8 @@ int stage_main(const StageDescriptor& stage, int argc, char** argv) {
   try {
     if (line.walkthrough) return run_walkthrough(stage, std::cout);
     // A problem the stage does not take is refused in one line, before anything runs.
-    if (const std::string why = unsupported_reason(stage, options.problem, options.lse); !why.empty()) {
+    if (const std::string why = unsupported_reason(stage, options.problem, wants_lse(options), options.pass);
+        !why.empty()) {
       std::cerr << why << "\n";
       return kExitBadInput;
     }
@@ -386,7 +552,7 @@ int stage_main(const StageDescriptor& stage, int argc, char** argv) {
       }
     }
     // A problem too large for this machine's memory is refused in one line, before any allocation.
-    if (const int64_t needed = host_bytes_needed(stage, options.problem, options.lse),
+    if (const int64_t needed = host_bytes_needed(stage, options.problem, options.lse, options.pass),
         available = available_host_bytes();
         available > 0 && needed > available) {
       if (!line.csv_path.empty()) append_csv(line.csv_path, {run_stage(stage, options).row});
@@ -402,8 +568,8 @@ int stage_main(const StageDescriptor& stage, int argc, char** argv) {
       const int runs = 1 + (options.time ? options.warmup + options.reps : 0);
       std::ostringstream estimate;
       estimate << "about " << format_duration(seconds) << " (" << runs << (runs == 1 ? " run" : " runs") << " of "
-               << format_duration(estimated_cpu_seconds(options.problem, speed)) << " at the " << std::setprecision(2)
-               << (speed > 0.0 ? speed : 5e9 * cpu_threads()) / 1e9
+               << format_duration(estimated_cpu_seconds(options.problem, speed, options.pass)) << " at the "
+               << std::setprecision(2) << (speed > 0.0 ? speed : 5e9 * cpu_threads()) / 1e9
                << " GFLOP/s the CPU stage reaches on this machine's " << cpu_threads() << " thread"
                << (cpu_threads() == 1 ? "" : "s") << ")";
       if (seconds > kCpuRefuseSeconds) {

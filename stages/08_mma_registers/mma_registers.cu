@@ -16,8 +16,9 @@
 // hit the same banks in a plain row-major tile (a row is 128 or 256 bytes), so the tiles are
 // stored swizzled: 16-byte chunk c of row r lives at chunk c ^ (r % 8) of that row.
 //
-// The rest is stage 07: the cp.async ring for K and V, four warps of 16 query rows, FP16 or
-// BF16 in and out with FP32 accumulation, sm_80 and newer. New besides: causal masking, which
+// The rest is stage 07: the cp.async ring for K and V, FP16 or BF16 in and out with FP32
+// accumulation, sm_80 and newer, head dims in buckets (here 64, 96, 128, 192 and 256, each with
+// its own tile: Tiling below). New besides: causal masking, which
 // skips the K/V tiles above the diagonal and masks only the tiles that cross it, and the general
 // shapes of the second part of the course: grouped-query heads (several query heads read one K/V
 // head), Nq != Nk with the causal mask aligned bottom-right, and the per-row log-sum-exp that the
@@ -32,6 +33,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 
 #include "fa/causal.hpp"
 #include "fa/cuda_check.hpp"
@@ -74,46 +76,62 @@ constexpr int kMmaDepth = 16;                    // the K of mma.m16n8k16: 16 di
 constexpr int kChunkBytes = 16;                  // one cp.async, one ldmatrix row
 constexpr int kChunkElements = kChunkBytes / 2;  // of a 16-bit type
 constexpr int kSwizzleRows = 8;                  // the swizzle permutes the chunks of every 8 consecutive rows
-constexpr int kMaxDim = 128;
-constexpr int kSharedBytesPerSm = 228 * 1024;  // H100/H200; 1 KB of it is reserved per block
+constexpr int kSwizzleGroupDims = kSwizzleRows * kChunkElements;  // 64: the 8 chunks that the swizzle permutes
+constexpr int kMaxDim = 256;
+constexpr int kSharedBytesPerSm = 228 * 1024;         // H100/H200; 1 KB of it is reserved per block
+constexpr int kSharedBytesPerBlockSm80 = 163 * 1024;  // the most one block may opt in to on an A100
 
-// Everything that sizes the kernel of one head-dim bucket (64 or 128). Change one constant and
-// the rest follows; the static_asserts say when a choice cannot work.
+// Everything that sizes the kernel of one head-dim bucket (64, 96, 128, 192 or 256). Change one
+// constant and the rest follows; the static_asserts say when a choice cannot work. What bounds
+// each choice is the register file: per lane, O takes kDim / 2 FP32 registers for every 16-row
+// strip, S kKeys / 2, Q (when it stays in registers) kDim / 4; 255 at most (README, "One tile
+// per head dim").
 template <int kDim, bool kExactDim>
 struct Tiling {
+  // Above D = 128 one strip's O alone is 96 or 128 registers: a warp keeps one 16-row strip, and
+  // eight warps (Br = 128) share every K/V tile.
+  static constexpr bool kWide = kDim > 128;
   // Warps per block; 16-row strips per warp (the M of one mma); keys per K/V tile (Bc) and K/V
   // tiles in the cp.async ring. Br = 16·kStrips·kWarps. A warp with two strips multiplies every
   // K and V fragment it loads from shared memory into both, which halves the shared-memory reads
   // per product; the price is S and O for 32 rows in registers, so Q no longer fits beside them
-  // and is re-read from shared memory every tile. D = 128: two strips, two 64-key stages, 96 KB
-  // a block, two blocks per SM; D = 64: two strips, three stages, 64 KB a block, two blocks per
-  // SM. A head dim below the bucket (padded) keeps one strip, with Q in registers: its runtime
+  // and is re-read from shared memory every tile. D = 96 and 128: two strips, two 64-key stages,
+  // 96 KB a block, two blocks per SM; D = 64: two strips, three stages, 64 KB a block, two blocks
+  // per SM. A head dim below the bucket (padded) keeps one strip, with Q in registers: its runtime
   // strides need the registers a second strip would take (at D <= 64 that is 56 KB a block and
-  // three blocks per SM).
-  static constexpr int kWarps = 4;
-  static constexpr int kStrips = kExactDim ? 2 : 1;
-  static constexpr int kKeys = 64;
-  static constexpr int kStages = kDim <= 64 ? 3 : 2;
+  // three blocks per SM). D = 192: eight warps of one strip, Q in registers, two 64-key stages,
+  // 144 KB, one block per SM. D = 256: eight warps of one strip, three 32-key stages (S in 16
+  // registers, which leaves room for Q's 64 beside O's 128), 160 KB, one block per SM; a padded
+  // head dim there re-reads Q from shared memory, its runtime strides taking Q's registers.
+  static constexpr int kWarps = kWide ? 8 : 4;
+  static constexpr int kStrips = kExactDim && !kWide ? 2 : 1;
+  static constexpr int kKeys = kDim > 192 ? 32 : 64;
+  static constexpr int kStages = kDim <= 64 || kDim > 192 ? 3 : 2;
+  static constexpr bool kQueryInRegisters = kStrips == 1 && (kDim <= 192 || kExactDim);
   // Blocks that must fit on one SM at once: a register cap for ptxas (65536 / (threads ·
   // blocks) per thread). It must not be so low that O, Q and S spill: four blocks of D = 64
   // would fit in shared memory, but their 128 registers a thread spill.
-  static constexpr int kMinBlocksPerSm = kDim <= 64 && kStrips == 1 ? 3 : 2;
+  static constexpr int kMinBlocksPerSm = kWide ? 1 : kDim <= 64 && kStrips == 1 ? 3 : 2;
 
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kWarpRows = kStrips * kStripRows;
   static constexpr int kQueryRows = kWarps * kWarpRows;  // Br
-  static constexpr int kChunksPerRow = kDim / kChunkElements;
-  static constexpr int kRowBytes = kDim * 2;
+  // A row in shared memory holds whole groups of 8 chunks (64 dims), the unit the swizzle permutes:
+  // at D = 96 a row is stored as 128 dims, whose last 32 the products never read.
+  static constexpr int kRowDim = (kDim + kSwizzleGroupDims - 1) / kSwizzleGroupDims * kSwizzleGroupDims;
+  static constexpr int kChunksPerRow = kRowDim / kChunkElements;
+  static constexpr int kRowBytes = kRowDim * 2;
   static constexpr int kQueryTileBytes = kQueryRows * kRowBytes;
   static constexpr int kKvTileBytes = kKeys * kRowBytes;
   // Q tile (later each warp's output staging), then the ring: kStages pairs of (K tile, V tile).
   static constexpr int kSharedBytes = kQueryTileBytes + kStages * 2 * kKvTileBytes;
 
-  static_assert(kChunksPerRow >= kSwizzleRows, "the XOR swizzle needs at least 8 chunks (64 dims) per row");
+  static_assert(kDim % kMmaDepth == 0, "a bucket is whole 16-dim steps of QKᵀ");
   static_assert(kKeys % kMmaDepth == 0, "a K/V tile is whole 16-key steps of P·V");
   static_assert(kStages >= 2, "a pipeline needs a tile in flight while another is computed");
   static_assert(kMinBlocksPerSm * (kSharedBytes + 1024) <= kSharedBytesPerSm,
                 "kMinBlocksPerSm blocks of this size do not fit in one SM's shared memory");
+  static_assert(kSharedBytes <= kSharedBytesPerBlockSm80, "a block must fit on an A100 (sm_80) too");
 };
 
 // The swizzle. In a row-major tile the 8 row addresses of one ldmatrix 8x8 matrix are 128 or
@@ -125,16 +143,17 @@ __device__ __forceinline__ int swizzled_chunk_index(int row, int chunk) {
   return row * kChunksPerRow + (chunk ^ (row & (kSwizzleRows - 1)));  // row % 8, rows being >= 0
 }
 
-// Copies `kRows` rows of a (rows x dim) matrix from global memory into a swizzled shared tile
-// with ordinary loads and stores, writing zeros in the padding columns (dim..kDim) and in the rows
-// past `valid_rows`. The fallback when 16-byte copies are impossible (D % 8 != 0, or a pointer
-// off a 16-byte boundary): the ring still works, but every copy is synchronous.
-template <typename Element, int kDim, int kRows, int kThreadCount>
+// Copies `kRows` rows of a (rows x dim) matrix from global memory into a swizzled shared tile of
+// kRowDim-wide rows with ordinary loads and stores, writing zeros in the padding columns
+// (dim..kRowDim) and in the rows past `valid_rows`. The fallback when 16-byte copies are impossible
+// (D % 8 != 0, or a pointer off a 16-byte boundary): the ring still works, but every copy is
+// synchronous.
+template <typename Element, int kRowDim, int kRows, int kThreadCount>
 __device__ void load_tile_sync(Element* tile, const Element* source, int valid_rows, int dim, int thread) {
-  for (int index = thread; index < kRows * kDim; index += kThreadCount) {
-    const int row = index / kDim;
-    const int column = index % kDim;
-    tile[swizzled_chunk_index<kDim / kChunkElements>(row, column / kChunkElements) * kChunkElements +
+  for (int index = thread; index < kRows * kRowDim; index += kThreadCount) {
+    const int row = index / kRowDim;
+    const int column = index % kRowDim;
+    tile[swizzled_chunk_index<kRowDim / kChunkElements>(row, column / kChunkElements) * kChunkElements +
          column % kChunkElements] =
         row < valid_rows && column < dim ? source[static_cast<int64_t>(row) * dim + column] : to_element<Element>(0.0f);
   }
@@ -153,30 +172,42 @@ __device__ __forceinline__ unsigned block_index_again() {
 }
 constexpr int kMmaKeys = 8;  // keys (or dims) per FP32 accumulator tile: the N of mma.m16n8k16
 
-// Issues the copies of a kRows x kDim tile into a swizzled shared tile, without waiting. Eight
-// (D = 64) or sixteen (D = 128) consecutive threads copy one row: whole 128-byte lines of global
+// Issues the copies of a kRows x kRowDim tile into a swizzled shared tile, without waiting. A row
+// is copied by kThreadsPerRow consecutive threads (8 at D = 64 and 192, 16 at D = 96 and 128, 32
+// at D = 256), each taking every kThreadsPerRow-th chunk of it: whole 128-byte lines of global
 // memory, and (swizzled or not) eight different bank groups of shared memory.
-template <typename Element, int kDim, int kRows, int kThreadCount>
+template <typename Element, int kRowDim, int kRows, int kThreadCount>
 __device__ void issue_tile_async(Element* tile, const Element* source, int valid_rows, int dim, int thread) {
-  constexpr int kChunksPerRow = kDim / kChunkElements;
-  constexpr int kRowsPerPass = kThreadCount / kChunksPerRow;
-  static_assert(kThreadCount % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows in every pass");
-  // A thread copies the same chunk of every kRowsPerPass-th row, so one pointer stepped by a fixed
-  // stride reaches all its sources. (Written as row · dim per pass, the compiler keeps every
+  constexpr int kChunksPerRow = kRowDim / kChunkElements;
+  // A pass covers a multiple of 8 rows. At D = 192 (24 chunks a row) that leaves 8 threads a row,
+  // three chunks each, 8 chunks apart.
+  constexpr int kThreadsPerRow = std::gcd(kThreadCount / kSwizzleRows, kChunksPerRow);
+  constexpr int kChunksPerThread = kChunksPerRow / kThreadsPerRow;
+  constexpr int kRowsPerPass = kThreadCount / kThreadsPerRow;
+  static_assert(kRows % kRowsPerPass == 0, "whole rows in every pass");
+  // A thread copies the same chunks of every kRowsPerPass-th row, so one pointer stepped by a
+  // fixed stride reaches all its sources. (Written as row · dim per pass, the compiler keeps every
   // pass's 64-bit offset in registers of its own for the whole K/V loop, where they are scarce.)
-  // The passes are a multiple of 8 rows apart, so they share row % 8 and the swizzled chunk: the
+  // The passes are a multiple of 8 rows apart, so they share row % 8 and the swizzled chunk, and a
+  // thread's chunks of one row are a multiple of 8 apart, which the swizzle leaves apart: the
   // shared destinations are one offset plus constants.
-  static_assert(kRowsPerPass % kSwizzleRows == 0, "every pass keeps row % 8");
-  const int first_row = thread / kChunksPerRow;
-  const int chunk = thread % kChunksPerRow;
-  const bool column_inside = chunk * kChunkElements < dim;
+  static_assert(kRowsPerPass % kSwizzleRows == 0 && kThreadsPerRow % kSwizzleRows == 0,
+                "every pass keeps row % 8, every chunk of a thread keeps its place in a group of 8");
+  const int first_row = thread / kThreadsPerRow;
+  const int chunk = thread % kThreadsPerRow;
   Element* destination = tile + swizzled_chunk_index<kChunksPerRow>(first_row, chunk) * kChunkElements;
   const int64_t pass_stride = static_cast<int64_t>(kRowsPerPass) * dim;
   const Element* chunk_source = source + static_cast<int64_t>(first_row) * dim + chunk * kChunkElements;
 #pragma unroll
   for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-    const bool inside = column_inside && first_row + pass * kRowsPerPass < valid_rows;
-    copy_async_16(destination + pass * kRowsPerPass * kDim, inside ? chunk_source : source, inside ? 16 : 0);
+    const bool row_inside = first_row + pass * kRowsPerPass < valid_rows;
+#pragma unroll
+    for (int part = 0; part < kChunksPerThread; ++part) {
+      const int part_offset = part * kThreadsPerRow * kChunkElements;
+      const bool inside = row_inside && chunk * kChunkElements + part_offset < dim;
+      copy_async_16(destination + pass * kRowsPerPass * kRowDim + part_offset,
+                    inside ? chunk_source + part_offset : source, inside ? 16 : 0);
+    }
     chunk_source += pass_stride;
   }
 }
@@ -184,8 +215,9 @@ __device__ void issue_tile_async(Element* tile, const Element* source, int valid
 #endif
 
 // One block: Br query rows of one (batch, query head), every warp 16·kStrips of them. With
-// kExactDim the head dim is the bucket's (64 or 128, the common case), a compile-time constant:
-// every address stride below is then an immediate, which frees the registers two strips need.
+// kExactDim the head dim is the bucket's (64, 96, 128, 192 or 256, the common case), a
+// compile-time constant: every address stride below is then an immediate, which frees the
+// registers two strips need.
 // Q and O are (B, Hq, Nq, D), K and V (B, Hkv, Nk, D); `lse` (B, Hq, Nq) may be null.
 template <typename Element, int kDim, bool kAsyncCopies, bool kExactDim>
 __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim, kExactDim>::kMinBlocksPerSm)
@@ -195,9 +227,9 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
 #if FA_STAGE08_DEVICE_CODE
   using T = Tiling<kDim, kExactDim>;
   const int dim = kExactDim ? kDim : dim_argument;
-  // One strip: the warp's Q fragments stay in registers for the whole loop. Two: no room beside
-  // S and O, so the loop reloads them from shared memory.
-  constexpr bool kQueryInRegisters = T::kStrips == 1;
+  // One strip: the warp's Q fragments stay in registers for the whole loop. Two strips, or a padded
+  // D in the 256 bucket: no room beside S and O, so the loop reloads them from shared memory.
+  constexpr bool kQueryInRegisters = T::kQueryInRegisters;
   constexpr int kDimSteps = kDim / kMmaDepth;       // 16-dim steps of QKᵀ; 16-dim pairs of O tiles
   constexpr int kKeySteps = T::kKeys / kMmaDepth;   // 16-key steps of P·V
   constexpr int kScoreTiles = T::kKeys / kMmaKeys;  // 8-key accumulator tiles of S
@@ -206,7 +238,7 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   extern __shared__ __align__(128) unsigned char shared[];
   Element* query_tile = reinterpret_cast<Element*>(shared);
   Element* ring = reinterpret_cast<Element*>(shared + T::kQueryTileBytes);  // slot s: K, then V
-  constexpr int kTileElements = T::kKeys * kDim;
+  constexpr int kTileElements = T::kKeys * T::kRowDim;
 
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -259,15 +291,15 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
     const int valid_keys = min(T::kKeys, kv_seq - key_base);
     const int64_t tile_offset = static_cast<int64_t>(key_base) * dim;
     if constexpr (kAsyncCopies) {
-      issue_tile_async<Element, kDim, T::kKeys, T::kThreads>(key_slot, head_keys + tile_offset, valid_keys, dim,
-                                                             threadIdx.x);
-      issue_tile_async<Element, kDim, T::kKeys, T::kThreads>(value_slot, head_values + tile_offset, valid_keys, dim,
-                                                             threadIdx.x);
+      issue_tile_async<Element, T::kRowDim, T::kKeys, T::kThreads>(key_slot, head_keys + tile_offset, valid_keys, dim,
+                                                                   threadIdx.x);
+      issue_tile_async<Element, T::kRowDim, T::kKeys, T::kThreads>(value_slot, head_values + tile_offset, valid_keys,
+                                                                   dim, threadIdx.x);
     } else {
-      load_tile_sync<Element, kDim, T::kKeys, T::kThreads>(key_slot, head_keys + tile_offset, valid_keys, dim,
-                                                           threadIdx.x);
-      load_tile_sync<Element, kDim, T::kKeys, T::kThreads>(value_slot, head_values + tile_offset, valid_keys, dim,
-                                                           threadIdx.x);
+      load_tile_sync<Element, T::kRowDim, T::kKeys, T::kThreads>(key_slot, head_keys + tile_offset, valid_keys, dim,
+                                                                 threadIdx.x);
+      load_tile_sync<Element, T::kRowDim, T::kKeys, T::kThreads>(value_slot, head_values + tile_offset, valid_keys, dim,
+                                                                 threadIdx.x);
     }
   };
 
@@ -276,11 +308,11 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   // groups are still in flight" (stage 07).
   const Element* query_source = q + (work.query_head * q_seq + block_first_row) * dim;
   if constexpr (kAsyncCopies) {
-    issue_tile_async<Element, kDim, T::kQueryRows, T::kThreads>(query_tile, query_source, q_seq - block_first_row, dim,
-                                                                threadIdx.x);
+    issue_tile_async<Element, T::kRowDim, T::kQueryRows, T::kThreads>(query_tile, query_source, q_seq - block_first_row,
+                                                                      dim, threadIdx.x);
   } else {
-    load_tile_sync<Element, kDim, T::kQueryRows, T::kThreads>(query_tile, query_source, q_seq - block_first_row, dim,
-                                                              threadIdx.x);
+    load_tile_sync<Element, T::kRowDim, T::kQueryRows, T::kThreads>(query_tile, query_source, q_seq - block_first_row,
+                                                                    dim, threadIdx.x);
   }
 #pragma unroll
   for (int tile = 0; tile < T::kStages - 1; ++tile) {
@@ -487,7 +519,7 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   // straight to global memory that would be 4-byte writes, 8 rows apart. Instead the warp stages
   // its 16 rows in its own (no longer needed) rows of the Q tile, swizzled like every tile
   // (conflict-free), and writes them out as whole 16-byte chunks, a row's chunks side by side.
-  Element* staging = query_tile + warp * T::kWarpRows * kDim;
+  Element* staging = query_tile + warp * T::kWarpRows * T::kRowDim;
 #pragma unroll
   for (int strip = 0; strip < T::kStrips; ++strip) {
 #pragma unroll
@@ -515,11 +547,14 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   const int64_t warp_output_row =
       output_work.query_head * q_seq + output_work.query_tile * T::kQueryRows + warp * T::kWarpRows;
   __syncwarp();
-  constexpr int kRowsPerPass = kWarpSize / T::kChunksPerRow;
+  // As in issue_tile_async, a row is written by kLanesPerRow lanes (8 at D = 64 and 192, 16 at D = 96
+  // and 128, 32 at D = 256), each taking every kLanesPerRow-th chunk of it.
+  constexpr int kLanesPerRow = std::gcd(kWarpSize, T::kChunksPerRow);
+  constexpr int kRowsPerPass = kWarpSize / kLanesPerRow;
 #pragma unroll
-  for (int first = 0; first < T::kWarpRows; first += kRowsPerPass) {
-    const int row = first + lane / T::kChunksPerRow;
-    const int chunk = lane % T::kChunksPerRow;
+  for (int index = 0; index < T::kWarpRows * T::kChunksPerRow / kWarpSize; ++index) {
+    const int row = index / (T::kChunksPerRow / kLanesPerRow) * kRowsPerPass + lane / kLanesPerRow;
+    const int chunk = index % (T::kChunksPerRow / kLanesPerRow) * kLanesPerRow + lane % kLanesPerRow;
     const int column = chunk * kChunkElements;
     if (warp_first_row + row >= q_seq || column >= dim) continue;
     const Element* staged = staging + swizzled_chunk_index<T::kChunksPerRow>(row, chunk) * kChunkElements;
@@ -581,7 +616,7 @@ Status launch(const ForwardArgs& args) {
 }
 
 // Three kernels per bucket, so none carries another's registers: cp.async with the bucket's own
-// head dim (two strips at D = 128), cp.async with a padded head dim, and the synchronous
+// head dim (two strips up to D = 128), cp.async with a padded head dim, and the synchronous
 // fallback (always padded or misaligned, so never exact).
 template <typename Element, int kDim>
 Status launch_bucket(const ForwardArgs& args, bool async_copies) {
@@ -596,8 +631,9 @@ Status forward(const ForwardArgs& args) {
   // 16-byte copies and stores need every row to start on a 16-byte boundary (the LSE is written
   // one float at a time and needs nothing).
   const bool async_copies = args.problem.dim % kChunkElements == 0 && all_aligned16({args.q, args.k, args.v, args.o});
-  // Two buckets; smaller head dims are zero-padded up to 64 (the swizzle needs 8 chunks a row).
-  return dispatch_head_dim<64, kMaxDim>(args.problem.dim, [&](auto bucket) {
+  // Five buckets; smaller head dims are zero-padded up to 64 (the swizzle needs 8 chunks a row),
+  // the others up to the next bucket.
+  return dispatch_head_dim<64, 96, 128, 192, kMaxDim>(args.problem.dim, [&](auto bucket) {
     return launch_bucket<Element, decltype(bucket)::value>(args, async_copies);
   });
 }

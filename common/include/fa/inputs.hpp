@@ -20,6 +20,11 @@ Inputs random_inputs(const Problem& problem, uint64_t seed);
 
 // Rounds every value to what `precision` can hold, so the reference sees what the kernel sees.
 void round_to_precision(Inputs& inputs, Precision precision);
+void round_to_precision(std::vector<float>& values, Precision precision);
+
+// The output gradient dO of the backward pass (the shape of O): uniform in [-1, 1), drawn from
+// its own stream of `seed`, so it differs from Q, K and V of the same seed.
+std::vector<float> random_output_gradient(const Problem& problem, uint64_t seed);
 
 // Host-side conversion to and from the bytes a stage of `precision` takes and returns.
 std::vector<unsigned char> encode(const std::vector<float>& values, Precision precision);

@@ -17,7 +17,8 @@ struct ErrorReport {
   int64_t non_finite = 0;  // outputs that are NaN or infinite
   int64_t first_non_finite = -1;
   double tolerance = 0.0;
-  bool passed() const { return non_finite == 0 && max_abs_err <= tolerance; }
+  int64_t beyond_tolerance = 0;  // elements past their own tolerance (compare_gradient)
+  bool passed() const { return non_finite == 0 && beyond_tolerance == 0 && max_abs_err <= tolerance; }
   std::string summary() const;
 };
 
@@ -43,6 +44,20 @@ double lse_tolerance(double logit_bound);
 // |s| (u32 = 2^-24), which moves each weight by that much relatively: 8·u32·max|s|·max|V| on
 // top. It matters only for large logits (1e3 gives 5e-4; ordinary inputs, 1e-6).
 double tolerance(Precision precision, double max_abs_v, double logit_bound = 0.0);
+
+// The unit in which a gradient element may be wrong, per unit of its reference bound
+// (reference.hpp, GradientReference): the 16-bit unit roundoff u (2^-11 for FP16, 2^-8 for
+// BF16; 1e-5 for FP32 stages, whose error is accumulation order) plus the relative error of P
+// that the FP32 scores carry (8·u32·logit_bound in the forward's LSE and again in the backward's
+// rebuilt scores), times 4 for safety, as the forward's tolerance doubles its 2u.
+double gradient_tolerance_unit(Precision precision, double logit_bound = 0.0);
+
+// Every element against its own tolerance, unit · bound[i] (plus 2^-24 of the largest bound, for
+// FP32 accumulation noise where a bound is near zero). max_abs_err is the largest error anywhere,
+// `tolerance` the largest element tolerance, and `beyond_tolerance` counts the elements past their
+// own (passed() needs none).
+ErrorReport compare_gradient(const std::vector<float>& actual, const std::vector<double>& expected,
+                             const std::vector<double>& bound, double unit);
 
 // A bound on |Q·K / sqrt(D)|: max|Q|·max|K|·sqrt(D).
 double logit_bound(const std::vector<float>& q, const std::vector<float>& k, int64_t dim);

@@ -26,6 +26,11 @@ enum ExitCode : int {
 struct RunOptions {
   Problem problem = Problem::square(1, 1, 1024, 64);
   bool lse = false;  // also ask for the log-sum-exp, and check it
+  // The pass timed and checked. Backward: the stage's forward writes O and the LSE, then its
+  // backward turns a random dO into dQ, dK, dV, compared with the double reference's gradients on
+  // `check_kv_heads` whole (batch, key/value head) groups.
+  Pass pass = Pass::forward;
+  int64_t check_kv_heads = 2;
   uint64_t seed = 0;
   int warmup = 3;
   int reps = 10;
@@ -36,8 +41,9 @@ struct RunOptions {
 
 struct RunOutcome {
   ResultRow row;
-  ErrorReport errors;      // of O
-  ErrorReport lse_errors;  // of the LSE, when options.lse
+  ErrorReport errors;                                       // of O
+  ErrorReport lse_errors;                                   // of the LSE, when options.lse
+  ErrorReport grad_q_errors, grad_k_errors, grad_v_errors;  // of dQ, dK, dV, for the backward pass
   bool checked = false;
   int exit_code = kExitOk;
   std::vector<float> output;  // the stage's O (FP32), filled when keep_output is set
@@ -66,13 +72,14 @@ int run_walkthrough_all(const std::vector<StageDescriptor>& stages, std::ostream
 // their copies in the stage's precision, the output and, for the CPU stage, its workspace), and
 // the bytes this machine can still give (MemAvailable, capped by a cgroup limit; 0 when unknown).
 // run_stage refuses a problem that does not fit as out of memory before allocating any of it.
-int64_t host_bytes_needed(const StageDescriptor& stage, const Problem& problem, bool with_lse = false);
+int64_t host_bytes_needed(const StageDescriptor& stage, const Problem& problem, bool with_lse = false,
+                          Pass pass = Pass::forward);
 int64_t available_host_bytes();
 
 // How long the CPU stage takes, roughly: the FLOPs of one run over `flops_per_second`, the speed
 // measure_cpu_speed found, or when that is 0 a typical 5 GFLOP/s per OpenMP thread. For warnings
 // and refusals only.
-double estimated_cpu_seconds(const Problem& problem, double flops_per_second = 0.0);
+double estimated_cpu_seconds(const Problem& problem, double flops_per_second = 0.0, Pass pass = Pass::forward);
 // The whole of a run_stage call on the CPU: one checked run, warm-up and timed runs, the
 // reference rows.
 double estimated_cpu_run_seconds(const RunOptions& options, double flops_per_second = 0.0);

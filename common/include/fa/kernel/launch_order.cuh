@@ -18,35 +18,43 @@
 
 namespace fa::kernel {
 
-// `Tile` is int for kernels launched with one block per piece of work, int64_t for kernels that
-// loop over their pieces (a grid-stride loop: stages 03-05, whose row arithmetic is 64-bit; narrowed
-// to 32 bits, the tile costs them their uniform-datapath address arithmetic: ptxas moves it to
-// vector registers).
-template <typename Tile>
+template <typename Index>
 struct Work {
-  Tile query_tile;     // which Br rows of the head
-  int64_t query_head;  // b·Hq + h
+  Index query_tile;  // which Br rows of the head
+  Index query_head;  // b·Hq + h
 };
 
 constexpr int kCausalBandTiles = 8;
 
-template <typename Tile>
-__device__ __forceinline__ Work<Tile> ordered_work(int64_t index, Tile query_tiles, int64_t heads_total, bool causal) {
-  if (!causal) return {static_cast<Tile>(index % query_tiles), index / query_tiles};
-  const Tile band_tiles = max(Tile{1}, min(Tile{kCausalBandTiles}, query_tiles / 4));
-  const int64_t band = index / (band_tiles * heads_total);
-  const Tile heaviest = query_tiles - 1 - static_cast<Tile>(band) * band_tiles;  // the band's first tile
-  const Tile width = min(band_tiles, heaviest + 1);                              // the last band may be short
-  const int64_t in_band = index - band * band_tiles * heads_total;
-  return {heaviest - static_cast<Tile>(in_band % width), in_band / width};
+// The order, in one integer type: unsigned 32-bit for a grid of one block per piece of work (the
+// block index is below 2^31, the launch limit, and B·Hq <= 2^20, problem.hpp: a 32-bit division
+// costs a few instructions and registers where a 64-bit one costs dozens), int64_t for kernels that
+// loop over their pieces (a grid-stride loop: stages 03-05, whose row arithmetic is 64-bit; narrowed
+// to 32 bits, the tile costs them their uniform-datapath address arithmetic: ptxas moves it to
+// vector registers).
+template <typename Index>
+__device__ __forceinline__ Work<Index> ordered_work(Index index, Index query_tiles, Index heads_total, bool causal) {
+  if (!causal) return {index % query_tiles, index / query_tiles};
+  const Index band_tiles = max(Index{1}, min(Index{kCausalBandTiles}, query_tiles / 4));
+  const Index band = index / (band_tiles * heads_total);
+  const Index heaviest = query_tiles - 1 - band * band_tiles;  // the band's first tile
+  const Index width = min(band_tiles, heaviest + 1);           // the last band may be short
+  const Index in_band = index - band * band_tiles * heads_total;
+  return {heaviest - in_band % width, in_band / width};
 }
 
-using BlockWork = Work<int>;
-using WorkItem = Work<int64_t>;
+struct BlockWork {
+  int query_tile;
+  int64_t query_head;
+};
 
 __device__ __forceinline__ BlockWork block_work(int64_t block, int query_tiles, int64_t heads_total, bool causal) {
-  return ordered_work<int>(block, query_tiles, heads_total, causal);
+  const Work<unsigned> work = ordered_work<unsigned>(static_cast<unsigned>(block), static_cast<unsigned>(query_tiles),
+                                                     static_cast<unsigned>(heads_total), causal);
+  return {static_cast<int>(work.query_tile), static_cast<int64_t>(work.query_head)};
 }
+
+using WorkItem = Work<int64_t>;
 
 __device__ __forceinline__ WorkItem work_item(int64_t work, int64_t query_tiles, int64_t heads_total, bool causal) {
   return ordered_work<int64_t>(work, query_tiles, heads_total, causal);

@@ -39,6 +39,13 @@ __device__ __forceinline__ void sync_threads(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// The other half of a named barrier (taught in stage 10's README, "Ping-pong"): counts this warp's
+// threads toward barrier `id` and runs on without waiting. A barrier of `threads` opens when the
+// threads that wait at it (sync_threads) and those that only arrive add up to `threads`.
+__device__ __forceinline__ void arrive_threads(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- The shared-memory matrix descriptor -----------------------------------------------------
 
 // A 64-bit description of an operand tile in shared memory, for tiles written with the 128-byte
@@ -87,6 +94,18 @@ template <int kCount>
 __device__ __forceinline__ void fence_registers(float (&registers)[kCount]) {
 #pragma unroll
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(registers[i])::"memory");
+}
+
+// The same for 32-bit operands: the P fragments that an in-flight wgmma reads (stage 10). Placed
+// after the wait, it keeps them live until then, so the compiler cannot give their registers to
+// other values while the tensor cores still read them.
+template <int kRows, int kCount>
+__device__ __forceinline__ void fence_registers(unsigned (&registers)[kRows][kCount]) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+    for (int j = 0; j < kCount; ++j) asm volatile("" : "+r"(registers[i][j])::"memory");
+  }
 }
 
 // ---- wgmma.mma_async -------------------------------------------------------------------------

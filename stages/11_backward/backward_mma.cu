@@ -1,0 +1,557 @@
+// Stage 11, second half: the FlashAttention-2 backward pass on mma.sync (sm_80 and newer).
+//
+// backward_cpu.cpp is the algorithm; this file is the same loop nest on the tensor cores. One
+// block owns one 64-key tile of one K/V head and keeps that tile's dK and dV in registers, in the
+// FP32 accumulators of mma.sync, while it walks every query tile of every query head that reads
+// the K/V head (its grouped-query heads included, so dK and dV are summed in registers and
+// written once: no workspace and no second pass for them). Each warp owns 16 keys of the tile:
+//
+//   block (K/V head h, keys j0..j0+63)              the query tiles of h's group, in turn
+//   ┌────────────┐                                  ┌───────────┬───────────┬─────
+//   │ warp 0: 16 │  S^T = K Q^T   (16 × Br)          │ Q, dO,    │ Q, dO,    │
+//   │ warp 1: 16 │  P^T = exp2(S^T - LSE)           │ LSE, D    │ LSE, D    │ ...
+//   │ warp 2: 16 │  dV += P^T dO     (registers)    │ tile 0    │ tile 1    │
+//   │ warp 3: 16 │  dP^T = V dO^T                   └───────────┴───────────┴─────
+//   └────────────┘  dS^T = P^T ∘ (dP^T - D)          cp.async ring: tile t+1 lands
+//   dK, dV stay     dK += dS^T Q      (registers)    while tile t is computed
+//   in registers    dS^T -> shared; dQ += dS K  (FP32 atomics into a workspace, every warp a part)
+//
+// The five products are the forward's mma.m16n8k16 with ldmatrix, and the trick that made
+// stage 08 fast works twice here: the P^T and dS^T accumulators are already the A fragments of
+// dV += P^T dO and dK += dS^T Q. Only dQ needs dS the other way round (rows = queries), so
+// dS^T goes through shared memory once, where a transposing ldmatrix reads it as dS.
+//
+// dQ gets a share from every key tile, i.e. from many blocks: each adds its share to an FP32
+// copy of dQ with atomic adds (red.global.add.f32), and a last kernel scales it and rounds it to
+// the element type. Atomic adds in FP32 land in whatever order the blocks reach them, so dQ is
+// not bitwise deterministic from run to run (dK and dV are: one block sums each in a fixed
+// order). Before the main kernel, a preprocessing kernel computes D_i = rowsum(dO ∘ O).
+//
+// Shared tiles are stored with rows padded by 16 bytes instead of stage 08's swizzle: a row of
+// 144 or 272 bytes moves the 8 row addresses of an ldmatrix onto 8 different 16-byte bank groups,
+// which is all the swizzle bought, and the five operand patterns below stay plain row·stride +
+// column arithmetic (the price: 16 bytes of shared memory per row).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "fa/causal.hpp"
+#include "fa/cuda_check.hpp"
+#include "fa/kernel/convert.cuh"
+#include "fa/kernel/cp_async.cuh"
+#include "fa/kernel/exp2.cuh"
+#include "fa/kernel/mma.cuh"
+#include "fa/launch.hpp"
+#include "fa/problem.hpp"
+#include "fa/stage.hpp"
+#include "fa_source_hash.h"
+
+// The device code uses sm_80 instructions; for older targets the kernels are traps the runner
+// never launches (the descriptor says sm_80+), as in stage 08.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define FA_STAGE11_DEVICE_CODE 1
+#else
+#define FA_STAGE11_DEVICE_CODE 0
+#endif
+
+namespace fa::stages {
+
+// The forward pass is stage 08's: it writes the LSE this pass rebuilds P from.
+StageDescriptor mma_registers_fp16();
+StageDescriptor mma_registers_bf16();
+
+namespace {
+
+using kernel::commit_copies;
+using kernel::copy_async_16;
+using kernel::fast_exp2;
+using kernel::kLog2e;
+using kernel::load_matrices;
+using kernel::load_matrices_transposed;
+using kernel::mma_16x8x16;
+using kernel::pack_pair;
+using kernel::to_element;
+using kernel::wait_copies;
+
+constexpr int kWarpSize = 32;
+constexpr int kMmaRows = 16;       // the M of mma.m16n8k16
+constexpr int kMmaDepth = 16;      // its K
+constexpr int kMmaCols = 8;        // its N: the columns of one FP32 accumulator tile
+constexpr int kChunkElements = 8;  // 16 bytes of a 16-bit type: one cp.async, one ldmatrix row
+constexpr int kMaxDim = 128;
+constexpr unsigned kFullWarp = 0xffffffffu;
+
+// Everything that sizes the kernel of one head-dim bucket.
+template <int kDim>
+struct Tiling {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kKeys = kWarps * kMmaRows;  // Bc: each warp owns 16 keys
+  // Query rows per step (Br). The registers of a warp hold dK and dV for its 16 keys (64 FP32 per
+  // thread at D = 128) plus S^T and dP^T for 16 keys × Br queries: Br = 32 at D = 128, 64 at D = 64.
+  static constexpr int kQueries = kDim <= 64 ? 64 : 32;
+  static constexpr int kStages = 2;  // query tiles in the cp.async ring
+
+  static constexpr int kRowStride = kDim + kChunkElements;        // padded row, in elements
+  static constexpr int kScoreStride = kQueries + kChunkElements;  // dS^T row (one key), in elements
+  static constexpr int kKvTileElements = kKeys * kRowStride;
+  static constexpr int kQueryTileElements = kQueries * kRowStride;
+  // Shared memory, in elements of the 16-bit type: K, V, the dS^T tile, then per ring slot Q and
+  // dO, then per ring slot the FP32 LSE (log2 units) and D of the slot's rows.
+  static constexpr int kScoreOffset = 2 * kKvTileElements;
+  static constexpr int kRingOffset = kScoreOffset + kKeys * kScoreStride;
+  static constexpr int kRowDataOffset = kRingOffset + kStages * 2 * kQueryTileElements;
+  static constexpr int kSharedBytes = kRowDataOffset * 2 + kStages * 2 * kQueries * 4;
+
+  // dQ += dS K: the Br × D product is split among the warps, 16 query rows × kDqDims dims each.
+  static constexpr int kQueryStrips = kQueries / kMmaRows;
+  static constexpr int kDqDims = kDim * kQueryStrips / kWarps;
+
+  static_assert(kDim % kMmaDepth == 0 && kQueries % kMmaDepth == 0, "whole 16-wide mma steps");
+  static_assert(kWarps % kQueryStrips == 0 && kDqDims % (2 * kMmaCols) == 0, "dQ splits evenly among the warps");
+  static_assert(kThreads % (kDim / kChunkElements) == 0, "whole rows in every pass of a tile copy");
+};
+
+// Copies rows [0, kRows) of a (rows × dim) matrix into a padded shared tile, zeros past
+// `valid_rows` and past `dim` (up to the bucket's kDim): with cp.async when every row is made of
+// whole 16-byte chunks on 16-byte boundaries (kAsync), else with plain loads and stores.
+template <bool kAsync, typename Element, int kDim, int kRows, int kThreadCount>
+__device__ void copy_tile(Element* tile, const Element* source, int valid_rows, int dim) {
+  constexpr int kStride = kDim + kChunkElements;
+  if constexpr (kAsync) {
+    constexpr int kChunksPerRow = kDim / kChunkElements;
+    for (int index = threadIdx.x; index < kRows * kChunksPerRow; index += kThreadCount) {
+      const int row = index / kChunksPerRow;
+      const int column = index % kChunksPerRow * kChunkElements;
+      const bool inside = row < valid_rows && column < dim;
+      copy_async_16(tile + row * kStride + column, inside ? source + static_cast<int64_t>(row) * dim + column : source,
+                    inside ? 16 : 0);
+    }
+  } else {
+    for (int index = threadIdx.x; index < kRows * kDim; index += kThreadCount) {
+      const int row = index / kDim;
+      const int column = index % kDim;
+      tile[row * kStride + column] = row < valid_rows && column < dim ? source[static_cast<int64_t>(row) * dim + column]
+                                                                      : to_element<Element>(0.0f);
+    }
+  }
+}
+
+// Preprocessing: D_i = rowsum(dO ∘ O) in FP32, one warp per query row.
+template <typename Element>
+__global__ void row_delta_kernel(const Element* __restrict__ out, const Element* __restrict__ grad_out,
+                                 float* __restrict__ row_delta, int64_t rows, int dim) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (row >= rows) return;
+  float sum = 0.0f;
+  for (int d = lane; d < dim; d += kWarpSize) {
+    sum += static_cast<float>(out[row * dim + d]) * static_cast<float>(grad_out[row * dim + d]);
+  }
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullWarp, sum, offset);
+  if (lane == 0) row_delta[row] = sum;
+}
+
+// The last step: dQ = scale · (the FP32 sum of every key tile's dS K), rounded to the element type.
+template <typename Element>
+__global__ void scale_grad_query_kernel(const float* __restrict__ accumulated, Element* __restrict__ grad_q,
+                                        int64_t elements, float scale) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < elements;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    grad_q[i] = to_element<Element>(accumulated[i] * scale);
+  }
+}
+
+// One block: keys [key_base, key_base + 64) of one K/V head, against every query row of its group.
+// Q, O, dO, dQ are (B, Hq, Nq, D), K, V, dK, dV (B, Hkv, Nk, D), LSE and D (B, Hq, Nq).
+template <typename Element, int kDim, bool kAsync>
+__global__ void __launch_bounds__(Tiling<kDim>::kThreads)
+    backward_kernel(const Element* __restrict__ q, const Element* __restrict__ k, const Element* __restrict__ v,
+                    const Element* __restrict__ grad_out, const float* __restrict__ lse,
+                    const float* __restrict__ row_delta, float* __restrict__ grad_q_accumulator,
+                    Element* __restrict__ grad_k, Element* __restrict__ grad_v, int q_seq, int kv_seq, int dim,
+                    int key_tiles, int q_heads, int kv_heads, bool causal, float scale, float scale_log2) {
+#if FA_STAGE11_DEVICE_CODE
+  using T = Tiling<kDim>;
+  constexpr int kDimSteps = kDim / kMmaDepth;           // 16-dim steps (and 16-dim pairs of tiles)
+  constexpr int kQuerySteps = T::kQueries / kMmaDepth;  // 16-query steps (and pairs of tiles)
+  constexpr int kScoreTiles = T::kQueries / kMmaCols;   // 8-query accumulator tiles of S^T
+  constexpr int kGradTiles = kDim / kMmaCols;           // 8-dim accumulator tiles of dK, dV
+  constexpr int kDqTiles = T::kDqDims / kMmaCols;       // 8-dim accumulator tiles of a warp's dQ part
+
+  extern __shared__ __align__(128) unsigned char shared[];
+  Element* const tiles = reinterpret_cast<Element*>(shared);
+  Element* const key_tile = tiles;
+  Element* const value_tile = tiles + T::kKvTileElements;
+  Element* const score_tile = tiles + T::kScoreOffset;                          // dS^T, [key][query]
+  float* const row_data = reinterpret_cast<float*>(tiles + T::kRowDataOffset);  // per slot: LSE·log2 e, D
+
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int group = lane / 4;  // accumulator rows group, group + 8
+  const int quad = lane % 4;   // accumulator columns 2·quad, 2·quad + 1
+
+  // Which keys: the key tile is the fast index, so the blocks in flight share a K/V head and read
+  // the same Q and dO tiles, from L2 after the first. Under the causal mask the low key tiles see
+  // the most query rows, and they come first.
+  const int key_tile_index = static_cast<int>(blockIdx.x % static_cast<unsigned>(key_tiles));
+  const int64_t kv_head = blockIdx.x / static_cast<unsigned>(key_tiles);  // b·Hkv + g
+  const int group_size = q_heads / kv_heads;
+  const int64_t first_query_head = kv_head / kv_heads * q_heads + kv_head % kv_heads * group_size;
+  const int key_base = key_tile_index * T::kKeys;
+  const int valid_keys = min(T::kKeys, kv_seq - key_base);
+  const int64_t kv_offset = (kv_head * kv_seq + key_base) * dim;
+
+  // The query rows that see any key of this tile: all, or under the causal mask (bottom-right
+  // aligned) rows from key_base + Nq − Nk on; the query tiles above them are never loaded.
+  const int first_query_tile = causal ? max(0, key_base + q_seq - kv_seq) / T::kQueries : 0;
+  const int query_tiles = (q_seq + T::kQueries - 1) / T::kQueries - first_query_tile;
+  const int steps = group_size * query_tiles;  // (query head of the group, query tile) pairs
+
+  // Step s: query head first_query_head + s / query_tiles, rows from query_base_of(s).
+  const auto query_base_of = [&](int step) { return (first_query_tile + step % query_tiles) * T::kQueries; };
+  const auto query_row_of = [&](int step) {  // the step's first row among all B·Hq·Nq
+    return (first_query_head + step / query_tiles) * q_seq + query_base_of(step);
+  };
+  // Ring slot s % 2 receives Q, dO, the LSE (in log2 units) and D of step s. Rows past Nq get
+  // zeros, LSE = +inf (so P = 2^-inf = 0) and D = 0: they add nothing anywhere.
+  const auto issue_step = [&](int step) {
+    const int slot = step % T::kStages;
+    Element* query_slot = tiles + T::kRingOffset + slot * 2 * T::kQueryTileElements;
+    const int valid_rows = q_seq - query_base_of(step);
+    const int64_t first_row = query_row_of(step);
+    copy_tile<kAsync, Element, kDim, T::kQueries, T::kThreads>(query_slot, q + first_row * dim, valid_rows, dim);
+    copy_tile<kAsync, Element, kDim, T::kQueries, T::kThreads>(query_slot + T::kQueryTileElements,
+                                                               grad_out + first_row * dim, valid_rows, dim);
+    float* slot_rows = row_data + slot * 2 * T::kQueries;
+    for (int row = threadIdx.x; row < T::kQueries; row += T::kThreads) {
+      const bool inside = row < valid_rows;
+      slot_rows[row] = inside ? lse[first_row + row] * kLog2e : INFINITY;
+      slot_rows[T::kQueries + row] = inside ? row_delta[first_row + row] : 0.0f;
+    }
+  };
+
+  // K and V of the block join the first group of copies, with step 0.
+  copy_tile<kAsync, Element, kDim, T::kKeys, T::kThreads>(key_tile, k + kv_offset, valid_keys, dim);
+  copy_tile<kAsync, Element, kDim, T::kKeys, T::kThreads>(value_tile, v + kv_offset, valid_keys, dim);
+  issue_step(0);  // every key sees at least the last query tile: steps >= 1
+  commit_copies();
+
+  // Where each lane points ldmatrix (lanes 8i .. 8i+7 give the rows of matrix i; stage 08's
+  // README, "ldmatrix"). Two patterns cover all five products:
+  //   "A rows": lane l reads row l % 16, 8-column chunk l / 16: the A fragment of a row-major
+  //     16 × 16 block, or, transposing, the B fragments of two 8-column tiles of a 16-row block.
+  //   "B rows": lane l reads row (l / 16)·8 + l % 8, chunk (l / 8) % 2: the B fragments of two
+  //     8-row tiles of a row-major block used as Bᵀ, or, transposing, the A fragment of the
+  //     transpose of a 16 × 16 block.
+  const int a_row = lane % 16;
+  const int a_chunk = lane / 16;
+  const int b_row = lane / 16 * 8 + lane % 8;
+  const int b_chunk = lane / 8 % 2;
+  const auto address = [](const Element* tile, int row, int column, int stride) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(tile + row * stride + column));
+  };
+  const int warp_key = warp * kMmaRows;  // the warp's first key in the tile
+
+  float key_grad[kGradTiles][4] = {};    // dK for the warp's 16 keys, unscaled
+  float value_grad[kGradTiles][4] = {};  // dV
+
+#pragma unroll 1
+  for (int step = 0; step < steps; ++step) {
+    wait_copies<0>();  // this thread's copies of step `step` have landed
+    // Every thread's copies are visible, and every warp is done with step - 1: its ring slot and
+    // the dS^T tile may be overwritten.
+    __syncthreads();
+    if (step + 1 < steps) issue_step(step + 1);
+    commit_copies();
+    const int slot = step % T::kStages;
+    const Element* query_slot = tiles + T::kRingOffset + slot * 2 * T::kQueryTileElements;
+    const Element* grad_out_slot = query_slot + T::kQueryTileElements;
+    const int query_base = query_base_of(step);
+
+    // S^T = K Q^T for the warp's 16 keys and the step's Br queries: K as A ("A rows"), Q as Bᵀ
+    // ("B rows"), one ldmatrix of Q for two 8-query tiles.
+    float scores[kScoreTiles][4] = {};
+#pragma unroll
+    for (int d = 0; d < kDimSteps; ++d) {
+      unsigned keys[4];
+      load_matrices(keys, address(key_tile, warp_key + a_row, d * kMmaDepth + a_chunk * 8, T::kRowStride));
+#pragma unroll
+      for (int pair = 0; pair < kQuerySteps; ++pair) {
+        unsigned queries[4];
+        load_matrices(queries,
+                      address(query_slot, pair * kMmaDepth + b_row, d * kMmaDepth + b_chunk * 8, T::kRowStride));
+        mma_16x8x16<Element>(scores[2 * pair], keys, queries[0], queries[1]);
+        mma_16x8x16<Element>(scores[2 * pair + 1], keys, queries[2], queries[3]);
+      }
+    }
+
+    // EXERCISE BEGIN: P^T from the S^T accumulators and the LSE, masked
+    // P^T = 2^(s · scale · log2 e − LSE · log2 e): exact probabilities, no max and no sum to redo.
+    // Element e of tile n is key lane_key[e / 2] and query query_base + 8n + 2·quad + e % 2. A key
+    // the row may not see (causal, or past Nk) weighs 0; rows past Nq have LSE = +inf, so 0 too.
+    const float* slot_lse = row_data + slot * 2 * T::kQueries;
+    const int lane_key[2] = {key_base + warp_key + group, key_base + warp_key + group + 8};
+    const bool needs_mask =
+        key_base + T::kKeys > kv_seq || (causal && key_base + T::kKeys > causal_key_end(query_base, q_seq, kv_seq));
+#pragma unroll
+    for (int n = 0; n < kScoreTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int query = n * kMmaCols + 2 * quad + e % 2;
+        const bool visible =
+            !needs_mask || lane_key[e / 2] < visible_key_end(query_base + query, q_seq, kv_seq, causal);
+        scores[n][e] = visible ? fast_exp2(fmaf(scores[n][e], scale_log2, -slot_lse[query])) : 0.0f;
+      }
+    }
+    // EXERCISE END
+
+    // dV += P^T dO: tiles 2j and 2j + 1 of P^T, rounded to 16-bit pairs, are the A fragment of
+    // queries 16j .. 16j + 15 (stage 08's P trick); dO as B, transposed on load ("A rows").
+#pragma unroll
+    for (int j = 0; j < kQuerySteps; ++j) {
+      const unsigned probs[4] = {pack_pair<Element>(scores[2 * j][0], scores[2 * j][1]),
+                                 pack_pair<Element>(scores[2 * j][2], scores[2 * j][3]),
+                                 pack_pair<Element>(scores[2 * j + 1][0], scores[2 * j + 1][1]),
+                                 pack_pair<Element>(scores[2 * j + 1][2], scores[2 * j + 1][3])};
+#pragma unroll
+      for (int pair = 0; pair < kDimSteps; ++pair) {
+        unsigned grads[4];
+        load_matrices_transposed(
+            grads, address(grad_out_slot, j * kMmaDepth + a_row, pair * kMmaDepth + a_chunk * 8, T::kRowStride));
+        mma_16x8x16<Element>(value_grad[2 * pair], probs, grads[0], grads[1]);
+        mma_16x8x16<Element>(value_grad[2 * pair + 1], probs, grads[2], grads[3]);
+      }
+    }
+
+    // dP^T = V dO^T: V as A ("A rows"), dO as Bᵀ ("B rows"), like S^T.
+    float grad_probs[kScoreTiles][4] = {};
+#pragma unroll
+    for (int d = 0; d < kDimSteps; ++d) {
+      unsigned values[4];
+      load_matrices(values, address(value_tile, warp_key + a_row, d * kMmaDepth + a_chunk * 8, T::kRowStride));
+#pragma unroll
+      for (int pair = 0; pair < kQuerySteps; ++pair) {
+        unsigned grads[4];
+        load_matrices(grads,
+                      address(grad_out_slot, pair * kMmaDepth + b_row, d * kMmaDepth + b_chunk * 8, T::kRowStride));
+        mma_16x8x16<Element>(grad_probs[2 * pair], values, grads[0], grads[1]);
+        mma_16x8x16<Element>(grad_probs[2 * pair + 1], values, grads[2], grads[3]);
+      }
+    }
+
+    // EXERCISE BEGIN: dS^T = P^T ∘ (dP^T − D), in place of P^T
+    const float* slot_delta = row_data + slot * 2 * T::kQueries + T::kQueries;
+#pragma unroll
+    for (int n = 0; n < kScoreTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        scores[n][e] *= grad_probs[n][e] - slot_delta[n * kMmaCols + 2 * quad + e % 2];
+      }
+    }
+    // EXERCISE END
+
+    // dK += dS^T Q, dS^T as A straight from the accumulators, Q as B transposed on load; and
+    // dS^T to shared memory, rounded as the A fragments are, for dQ.
+#pragma unroll
+    for (int j = 0; j < kQuerySteps; ++j) {
+      const unsigned grad_scores[4] = {pack_pair<Element>(scores[2 * j][0], scores[2 * j][1]),
+                                       pack_pair<Element>(scores[2 * j][2], scores[2 * j][3]),
+                                       pack_pair<Element>(scores[2 * j + 1][0], scores[2 * j + 1][1]),
+                                       pack_pair<Element>(scores[2 * j + 1][2], scores[2 * j + 1][3])};
+      // Register r of the fragment holds keys group (r even) or group + 8 (r odd), queries
+      // 16j + 8·(r / 2) + 2·quad and the next.
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = warp_key + group + 8 * (r % 2);
+        const int column = j * kMmaDepth + 8 * (r / 2) + 2 * quad;
+        *reinterpret_cast<unsigned*>(score_tile + row * T::kScoreStride + column) = grad_scores[r];
+      }
+#pragma unroll
+      for (int pair = 0; pair < kDimSteps; ++pair) {
+        unsigned queries[4];
+        load_matrices_transposed(
+            queries, address(query_slot, j * kMmaDepth + a_row, pair * kMmaDepth + a_chunk * 8, T::kRowStride));
+        mma_16x8x16<Element>(key_grad[2 * pair], grad_scores, queries[0], queries[1]);
+        mma_16x8x16<Element>(key_grad[2 * pair + 1], grad_scores, queries[2], queries[3]);
+      }
+    }
+    __syncthreads();  // the whole dS^T tile is in shared memory
+
+    // dQ += dS K for the step's rows: warp w takes query strip w % strips and kDqDims dims from
+    // (w / strips)·kDqDims. dS is read from dS^T transposed on load ("B rows" on dS^T); K as B,
+    // transposed on load ("A rows").
+    {
+      const int strip = warp % T::kQueryStrips;
+      const int dim_base = warp / T::kQueryStrips * T::kDqDims;
+      float query_grad[kDqTiles][4] = {};
+#pragma unroll
+      for (int key_step = 0; key_step < T::kKeys / kMmaDepth; ++key_step) {
+        unsigned grad_scores[4];
+        load_matrices_transposed(grad_scores, address(score_tile, key_step * kMmaDepth + b_row,
+                                                      strip * kMmaRows + b_chunk * 8, T::kScoreStride));
+#pragma unroll
+        for (int pair = 0; pair < kDqTiles / 2; ++pair) {
+          unsigned keys[4];
+          load_matrices_transposed(keys, address(key_tile, key_step * kMmaDepth + a_row,
+                                                 dim_base + pair * kMmaDepth + a_chunk * 8, T::kRowStride));
+          mma_16x8x16<Element>(query_grad[2 * pair], grad_scores, keys[0], keys[1]);
+          mma_16x8x16<Element>(query_grad[2 * pair + 1], grad_scores, keys[2], keys[3]);
+        }
+      }
+      // Other key tiles add to the same rows: FP32 atomic adds, unscaled (the last kernel scales).
+      const int64_t strip_row = query_row_of(step) + strip * kMmaRows;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = strip * kMmaRows + group + 8 * half;
+        if (query_base + row >= q_seq) continue;
+        float* destination = grad_q_accumulator + (strip_row + group + 8 * half) * dim;
+#pragma unroll
+        for (int n = 0; n < kDqTiles; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int column = dim_base + n * kMmaCols + 2 * quad + e;
+            if (column < dim) atomicAdd(destination + column, query_grad[n][2 * half + e]);
+          }
+        }
+      }
+    }
+  }
+
+  // dK = scale · Σ dS^T Q and dV, once, for the warp's 16 keys: lane holds keys group and
+  // group + 8, dims 8n + 2·quad and the next.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = warp_key + group + 8 * half;
+    if (key >= valid_keys) continue;
+    Element* key_destination = grad_k + kv_offset + static_cast<int64_t>(key) * dim;
+    Element* value_destination = grad_v + kv_offset + static_cast<int64_t>(key) * dim;
+#pragma unroll
+    for (int n = 0; n < kGradTiles; ++n) {
+      const int column = n * kMmaCols + 2 * quad;
+      if constexpr (kAsync) {  // dim % 8 == 0 and aligned rows: a pair is one 4-byte store
+        if (column < dim) {
+          *reinterpret_cast<unsigned*>(key_destination + column) =
+              pack_pair<Element>(key_grad[n][2 * half] * scale, key_grad[n][2 * half + 1] * scale);
+          *reinterpret_cast<unsigned*>(value_destination + column) =
+              pack_pair<Element>(value_grad[n][2 * half], value_grad[n][2 * half + 1]);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (column + e < dim) {
+            key_destination[column + e] = to_element<Element>(key_grad[n][2 * half + e] * scale);
+            value_destination[column + e] = to_element<Element>(value_grad[n][2 * half + e]);
+          }
+        }
+      }
+    }
+  }
+#else
+  __trap();  // never launched: the runner refuses GPUs older than sm_80 (the descriptor's architecture)
+#endif
+}
+
+// The workspace: dQ in FP32 (the atomics' target), then D, one float per query row.
+int64_t workspace_bytes(const Problem& problem, Pass pass) {
+  if (pass != Pass::backward) return 0;
+  return (problem.q_elements() + problem.q_rows()) * static_cast<int64_t>(sizeof(float));
+}
+
+template <typename Element, int kDim, bool kAsync>
+Status launch(const BackwardArgs& args) {
+  using T = Tiling<kDim>;
+  const Problem& problem = args.problem;
+  const auto kernel = &backward_kernel<Element, kDim, kAsync>;
+  FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
+  const int64_t key_tiles = (problem.kv_seq + T::kKeys - 1) / T::kKeys;
+  const int64_t blocks = key_tiles * problem.kv_heads_total();
+  FA_STATUS_TRY(check_grid(blocks));
+  const float scale = softmax_scale(problem);
+  float* grad_q_accumulator = static_cast<float*>(args.workspace);
+  float* row_delta = grad_q_accumulator + problem.q_elements();
+  const auto* grad_out = static_cast<const Element*>(args.grad_o);
+
+  // 1. D_i = rowsum(dO ∘ O), and the FP32 dQ cleared for the atomics.
+  constexpr int kRowsPerBlock = 8;
+  const int64_t rows = problem.q_rows();
+  row_delta_kernel<Element>
+      <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kRowsPerBlock * kWarpSize, 0,
+         args.stream>>>(static_cast<const Element*>(args.o), grad_out, row_delta, rows, static_cast<int>(problem.dim));
+  FA_LAUNCH_TRY();
+  FA_CUDA_TRY(cudaMemsetAsync(grad_q_accumulator, 0, static_cast<std::size_t>(problem.q_elements()) * sizeof(float),
+                              args.stream));
+
+  // 2. One block per (K/V head, key tile): dK and dV, and dQ's shares.
+  kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
+      static_cast<const Element*>(args.q), static_cast<const Element*>(args.k), static_cast<const Element*>(args.v),
+      grad_out, args.lse, row_delta, grad_q_accumulator, static_cast<Element*>(args.grad_k),
+      static_cast<Element*>(args.grad_v), static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq),
+      static_cast<int>(problem.dim), static_cast<int>(key_tiles), static_cast<int>(problem.q_heads),
+      static_cast<int>(problem.kv_heads), problem.causal, scale, scale * kLog2e);
+  FA_LAUNCH_TRY();
+
+  // 3. dQ = scale · the sum, rounded to the element type.
+  constexpr int kConvertThreads = 256;
+  const int64_t elements = problem.q_elements();
+  const int64_t convert_blocks = std::min<int64_t>((elements + kConvertThreads - 1) / kConvertThreads, 65536);
+  scale_grad_query_kernel<Element><<<static_cast<unsigned>(convert_blocks), kConvertThreads, 0, args.stream>>>(
+      grad_q_accumulator, static_cast<Element*>(args.grad_q), elements, scale);
+  FA_LAUNCH_TRY();
+  return Status();
+}
+
+// The runner has checked the problem (sizes, head dim, features) and the GPU (sm_80 or newer)
+// against the descriptor before this runs.
+template <typename Element>
+Status backward(const BackwardArgs& args) {
+  if (args.q == nullptr || args.k == nullptr || args.v == nullptr || args.o == nullptr || args.grad_o == nullptr ||
+      args.lse == nullptr || args.grad_q == nullptr || args.grad_k == nullptr || args.grad_v == nullptr ||
+      args.workspace == nullptr) {
+    return Status::unsupported("the backward pass needs Q, K, V, O, dO, LSE, dQ, dK, dV and its workspace");
+  }
+  // cp.async and the paired dK/dV stores need rows of whole, aligned 16-byte chunks.
+  const bool async_copies = args.problem.dim % kChunkElements == 0 &&
+                            all_aligned16({args.q, args.k, args.v, args.grad_o, args.grad_k, args.grad_v});
+  return dispatch_head_dim<64, kMaxDim>(args.problem.dim, [&](auto bucket) {
+    constexpr int kBucket = decltype(bucket)::value;
+    return async_copies ? launch<Element, kBucket, true>(args) : launch<Element, kBucket, false>(args);
+  });
+}
+
+StageDescriptor describe(Precision precision, ForwardFn forward_function, BackwardFn backward_function,
+                         const char* title) {
+  StageDescriptor stage;
+  stage.id = "11_backward";
+  stage.title = title;
+  stage.backend = Backend::cuda;
+  stage.precision = precision;
+  stage.forward = forward_function;
+  stage.backward = backward_function;
+  stage.workspace_bytes = &workspace_bytes;
+  stage.max_dim = kMaxDim;
+  stage.architecture = {80, false};  // BF16 mma.m16n8k16 and cp.async
+  stage.features = {/*causal=*/true, /*grouped=*/true, /*rectangular=*/true, /*lse=*/true, /*backward=*/true};
+  stage.source_hash = FA_SOURCE_HASH;
+  return stage;
+}
+
+}  // namespace
+
+StageDescriptor backward_fp16() {
+  return describe(
+      Precision::fp16, mma_registers_fp16().forward, &backward<__half>,
+      "the backward pass on mma.sync: P rebuilt from the LSE, dK and dV in registers, dQ by atomics (FP16)");
+}
+
+StageDescriptor backward_bf16() {
+  return describe(
+      Precision::bf16, mma_registers_bf16().forward, &backward<__nv_bfloat16>,
+      "the backward pass on mma.sync: P rebuilt from the LSE, dK and dV in registers, dQ by atomics (BF16)");
+}
+
+}  // namespace fa::stages
