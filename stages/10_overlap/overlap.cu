@@ -102,8 +102,9 @@ struct Tiling {
   static constexpr int kKvPanelBytes = kKeys * kPanelRowBytes;
   static constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
   static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
-  // The barriers: Q has landed; per ring slot, K has landed, V has landed, the slot is free again.
-  static constexpr int kBarriers = 1 + 3 * kStages;
+  // The barriers: Q has landed; per ring slot, K has landed, V has landed, K is free again, V is
+  // free again (stage 09 freed a slot's K and V together: this schedule holds V a round longer).
+  static constexpr int kBarriers = 1 + 4 * kStages;
   // Q tile, the ring (kStages x (K tile, V tile)), the barriers, and room to align the start to
   // 1024 bytes (the 128-byte swizzle's period; dynamic shared memory only promises 16).
   static constexpr int kSharedBytes = kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes + kBarriers * 8;
@@ -165,9 +166,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   unsigned char* ring = shared + T::kQueryTileBytes;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(ring + T::kStages * 2 * T::kKvTileBytes);
   uint64_t* query_full = barriers;
-  uint64_t* key_full = barriers + 1;                    // [kStages]
-  uint64_t* value_full = barriers + 1 + T::kStages;     // [kStages]
-  uint64_t* slot_free = barriers + 1 + 2 * T::kStages;  // [kStages]
+  uint64_t* key_full = barriers + 1;                     // [kStages]
+  uint64_t* value_full = barriers + 1 + T::kStages;      // [kStages]
+  uint64_t* key_free = barriers + 1 + 2 * T::kStages;    // [kStages]
+  uint64_t* value_free = barriers + 1 + 3 * T::kStages;  // [kStages]
   const auto key_slot = [&](int slot) { return ring + 2 * slot * T::kKvTileBytes; };
   const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * T::kKvTileBytes; };
 
@@ -194,7 +196,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     for (int slot = 0; slot < T::kStages; ++slot) {
       barrier_init(&key_full[slot], 1);
       barrier_init(&value_full[slot], 1);
-      barrier_init(&slot_free[slot], T::kConsumers * kWarpgroupThreads / kWarpSize);
+      barrier_init(&key_free[slot], T::kConsumers * kWarpgroupThreads / kWarpSize);
+      barrier_init(&value_free[slot], T::kConsumers * kWarpgroupThreads / kWarpSize);
     }
     fence_barrier_init();
   }
@@ -217,20 +220,22 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         copy_box_to_shared(shared_address(query_tile + panel * T::kQueryPanelBytes), &query_map,
                            shared_address(query_full), panel * kPanelColumns, block_first_row, query_head);
       }
-      // The ring: tile t goes to slot t % kStages. Before reusing a slot (from the second pass on)
-      // wait until all consumer warps have released it: the phase that completed on their
-      // (t / kStages)-th release, parity (t / kStages - 1) % 2. K and V have barriers of their own,
-      // so QKᵀ can start while V is still on its way.
+      // The ring: tile t goes to slot t % kStages. Before reusing a slot's K (from the second pass
+      // on) wait until all consumer warps have released it: the phase that completed on their
+      // (t / kStages)-th release, parity (t / kStages - 1) % 2; the same for V. K and V have
+      // barriers of their own both ways: QKᵀ can start while V is still on its way, and the next K
+      // can land while the consumers still multiply by this slot's V.
       for (int tile = 0; tile < tiles; ++tile) {
         const int slot = tile % T::kStages;
         const int pass = tile / T::kStages;
-        if (pass > 0) barrier_wait(&slot_free[slot], (pass - 1) & 1);
         const int key_base = tile * T::kKeys;
+        if (pass > 0) barrier_wait(&key_free[slot], (pass - 1) & 1);
         barrier_arrive_expect_bytes(&key_full[slot], T::kKvTileBytes);
         for (int panel = 0; panel < T::kPanels; ++panel) {
           copy_box_to_shared(shared_address(key_slot(slot) + panel * T::kKvPanelBytes), &key_map,
                              shared_address(&key_full[slot]), panel * kPanelColumns, key_base, kv_head);
         }
+        if (pass > 0) barrier_wait(&value_free[slot], (pass - 1) & 1);
         barrier_arrive_expect_bytes(&value_full[slot], T::kKvTileBytes);
         for (int panel = 0; panel < T::kPanels; ++panel) {
           copy_box_to_shared(shared_address(value_slot(slot) + panel * T::kKvPanelBytes), &value_map,
@@ -322,10 +327,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       }
       wgmma_commit();
     };
-    // This warp is done with tile `tile`'s slot: one arrival per consumer warp frees it.
-    const auto release = [&](int tile) {
+    // This warp is done with tile `tile`'s K (or V): one arrival per consumer warp frees it.
+    const auto release = [&](uint64_t* free_barriers, int tile) {
       __syncwarp();
-      if (lane == 0) barrier_arrive(&slot_free[tile % T::kStages]);
+      if (lane == 0) barrier_arrive(&free_barriers[tile % T::kStages]);
     };
     // The online softmax of stage 09 on S of tile `tile`: the mask where the tile reaches past the
     // keys every row sees, the new running max, the factor O must be rescaled by, P = exp2(S - m)
@@ -402,32 +407,36 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       fence_registers(scores);
       softmax(0, rescale);  // O is still zero: nothing to rescale
       pack_probabilities();
+      release(key_free, 0);
 #pragma unroll 1
       for (int tile = 1; tile < tiles; ++tile) {
         take_turn();
         issue_scores(tile);
         issue_values(tile - 1);
         pass_turn();
-        // EXERCISE BEGIN: this tile's softmax while P·V of the last one runs: wait for S alone, then for P·V before O
-        // and P change
+        // EXERCISE BEGIN: the softmax while P·V runs: wait for S alone, then for P·V before O and P change
         wgmma_wait<1>();  // S of this tile has landed; P·V of the last one may still run
         fence_registers(scores);
         softmax(tile, rescale);
-        wgmma_wait<0>();  // P·V of the last tile is done: O is whole, and P and its slot are free
+        wgmma_wait<0>();  // P·V of the last tile is done: O is whole, and P is free
         fence_registers(out);
         fence_registers(probs);
 #pragma unroll
         for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
         pack_probabilities();
         // EXERCISE END
-        release(tile - 1);
+        // K of this tile and V of the last one are done with. The producer refills K's slot with
+        // tile + kStages, which this warpgroup needs kStages - 1 rounds on; a slot freed whole
+        // only with its V (stage 09's one barrier) would leave K no round to land in.
+        release(key_free, tile);
+        release(value_free, tile - 1);
       }
       take_turn();
       issue_values(tiles - 1);
       pass_turn();
       wgmma_wait<0>();
       fence_registers(out);
-      release(tiles - 1);
+      release(value_free, tiles - 1);
       // The last warpgroup's last pass_turn went to warpgroup 0: take it, so that no arrival is
       // left at the barrier when the block exits.
       if (consumer == 0) take_turn();
