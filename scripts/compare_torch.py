@@ -14,6 +14,12 @@ shape. --causal on|both adds causal masking (bottom-right aligned: is_causal=Tru
 causal_lower_right otherwise). A stage that does not take a shape gets an `unsupported` row with the
 library's reason.
 
+--pass bwd measures the backward pass alone instead (fa_course/torch_runner.py, "the backward pass
+alone", says exactly what is timed on each side): our stages with a backward pass (11_backward)
+through fa_backward_v2 after one untimed forward pass, PyTorch's backends through
+torch.autograd.grad on the graph of one SDPA call; rows with pass = bwd, FLOPs 2.5x the forward's,
+gradients compared with a float64 backward on sampled (batch, K/V head) groups.
+
 Guards keep a phase inside a few minutes: a stage or backend whose calls would take longer than
 --max-call-seconds at a shape is skipped for that shape and larger ones (no row), and past
 --max-seconds the run stops; what was skipped is printed.
@@ -23,6 +29,8 @@ error; 2 when PyTorch, a GPU or the library is missing or the command line is ba
 
   python3 scripts/compare_torch.py --lib build/lib/libfa_capi.so --shapes seed001 --out torch.csv
   python3 scripts/compare_torch.py --shapes decode gqa --stages 08 --peers torch_flash,torch_default
+  python3 scripts/compare_torch.py --pass bwd --shapes 4x16x4096x128 --stages 11 --dtype fp16,bf16 \
+      --peers torch_flash,torch_cudnn,torch_efficient
 """
 
 import argparse
@@ -57,8 +65,11 @@ def parse_args(argv=None):
     parser.add_argument("--kv-heads", type=int, help="use this many key/value heads (Hkv) in every shape")
     parser.add_argument("--seq-k", type=int, help="use this many keys (Nk) in every shape")
     parser.add_argument("--stages", default="all",
-                        help="comma-separated stage ids or numbers (04,05_float4); 'all' = every GPU stage; "
-                             "'none' = PyTorch only (default: %(default)s)")
+                        help="comma-separated stage ids or numbers (04,05_float4); 'all' = every GPU stage (with "
+                             "--pass bwd: every one with a backward pass); 'none' = PyTorch only (default: "
+                             "%(default)s)")
+    parser.add_argument("--pass", dest="pass_", choices=["fwd", "bwd"], default="fwd",
+                        help="the forward pass, or the backward pass alone (default: %(default)s)")
     parser.add_argument("--peers", default=",".join(DEFAULT_PEERS),
                         help=f"comma-separated PyTorch rows to run ({', '.join(PEERS)}), or 'none' "
                              "(default: %(default)s)")
@@ -111,20 +122,29 @@ def parse_args(argv=None):
     return args
 
 
-def choose_stages(library, text):
-    gpu_stages = [s for s in library.stages() if s.is_cuda]
-    if text == "all":
-        return gpu_stages
+def choose_stages(library, text, pass_="fwd"):
+    """The GPU descriptors the selection names (a folder or number also names a stage's CPU
+    descriptor, as 11_backward/fp32: left out); with pass_ 'bwd' those with a backward pass."""
     if text == "none":
         return []
-    try:
-        chosen = library.select(text)
-    except capi.FaError as error:
-        die(error.message)
-    for stage in chosen:
-        if not stage.is_cuda:
-            die(f"{stage.id} runs on the CPU: this script compares GPU stages")
-    return chosen
+    if text == "all":
+        chosen = library.stages()
+    else:
+        try:
+            chosen = library.select(text)
+        except capi.FaError as error:
+            die(error.message)
+    gpu = [s for s in chosen if s.is_cuda]
+    if chosen and not gpu and text != "all":
+        die(f"{', '.join(s.id for s in chosen)} run(s) on the CPU: this script compares GPU stages")
+    if pass_ == "bwd":
+        without = [s.id for s in gpu if not s.supports("backward")]
+        gpu = [s for s in gpu if s.supports("backward")]
+        if without and text != "all":
+            print(f"{PROGRAM}: no backward pass, left out: {', '.join(without)}", file=sys.stderr)
+        if not gpu:
+            die(f"no chosen GPU stage has a backward pass ({library.path})")
+    return gpu
 
 
 def main(argv=None):
@@ -142,7 +162,7 @@ def main(argv=None):
             print(f"{s.id:<24} {s.backend:<5} {s.precision:<5} max D {s.max_dim:<4} {s.architecture:<7} "
                   f"kv passes {kv:<3} {','.join(sorted(s.features)) or '-':<40} {s.source_hash}  {s.title}")
         return 0
-    stages = choose_stages(library, args.stages)
+    stages = choose_stages(library, args.stages, args.pass_)
 
     from fa_course import torch_runner
 
@@ -171,9 +191,9 @@ def main(argv=None):
     torch = runner.torch
     print(f"{runner.gpu}; PyTorch {torch.__version__} (CUDA {torch.version.cuda}); {library.path} (ABI "
           f"{library.abi_version}); stages: {', '.join(s.id for s in stages) or 'none'}; peers: "
-          f"{', '.join(peers) or 'none'}; dtypes: {', '.join(precisions)}", flush=True)
+          f"{', '.join(peers) or 'none'}; dtypes: {', '.join(precisions)}; pass: {args.pass_}", flush=True)
     try:
-        runner.run(args.problems, stages, peers, precisions, args.causal_modes)
+        runner.run(args.problems, stages, peers, precisions, args.causal_modes, args.pass_)
     except torch_runner.ContextLost as error:
         print(f"{PROGRAM}: {error}", file=sys.stderr)
         runner.report()

@@ -84,12 +84,14 @@ phase_test() {
 phase_sanitize() {
   local failures=0 runs=0
   for stage in $(gpu_stages); do
+    local pass=()
+    is_backward_stage "$stage" && pass=(--pass bwd)
     for tool in memcheck racecheck synccheck initcheck; do
       for shape in "--batch 2 --heads 1 --seq 150 --dim 72" "--batch 1 --heads 2 --seq 70 --dim 128" \
         "--batch 1 --heads 2 --seq 150 --dim 64 --causal"; do
         runs=$((runs + 1))
         # shellcheck disable=SC2086
-        if ! compute-sanitizer --tool "$tool" --error-exitcode 1 "$bin/$stage" $shape --warmup 0 --reps 1 \
+        if ! compute-sanitizer --tool "$tool" --error-exitcode 1 "$bin/$stage" $shape "${pass[@]}" --warmup 0 --reps 1 \
           >>"$out/logs/sanitize.log" 2>&1; then
           failures=$((failures + 1))
           note "  sanitize FAILED: $tool $stage $shape"
@@ -104,13 +106,22 @@ phase_sanitize() {
   [ $failures -eq 0 ]
 }
 
+# A stage whose idea is the backward pass (11): its rows are of the backward (--pass bwd); its
+# forward is an earlier stage's kernel.
+is_backward_stage() { [[ $1 == 11_* ]]; }
+
 # One stage at one shape, appended to a CSV; a big problem gets fewer repetitions. Arguments after
-# the shape (--causal) go to the stage.
+# the shape (--causal) go to the stage. A backward stage is checked on one (batch, K/V head) group
+# up to N = 2048 (the double reference backward of a group costs 12·N²·D) and timed alone above.
 run_point() {
-  local csv=$1 stage=$2 b=$3 h=$4 n=$5 d=$6 reps=10 warmup=3
+  local csv=$1 stage=$2 b=$3 h=$4 n=$5 d=$6 reps=10 warmup=3 check=(--check-rows 64)
   shift 6
   if [ $((b * h * n * n / 1000000 * d)) -gt 500000 ]; then reps=3 warmup=1; fi
-  "$bin/$stage" --batch "$b" --heads "$h" --seq "$n" --dim "$d" --warmup $warmup --reps $reps --check-rows 64 \
+  if is_backward_stage "$stage"; then
+    check=(--pass bwd --check-kv-heads 1)
+    [ "$n" -gt 2048 ] && check=(--pass bwd --no-check)
+  fi
+  "$bin/$stage" --batch "$b" --heads "$h" --seq "$n" --dim "$d" --warmup $warmup --reps $reps "${check[@]}" \
     --csv "$csv" "$@" >>"$out/logs/bench.log" 2>&1
 }
 
@@ -158,8 +169,11 @@ phase_memory() {
     # 2^20) and show nothing new there: 02 is out of memory from 2^18, 03 and 04 stay linear.
     local top=20
     case $stage in 02_* | 03_* | 04_*) top=18 ;; esac
+    # A backward stage runs its backward once, unchecked (the reference would take hours at 2^20).
+    local run=(--reps 0 --check-rows 8)
+    is_backward_stage "$stage" && run=(--pass bwd --reps 1 --no-check)
     for e in $(seq 10 $top); do
-      "$bin/$stage" --batch 1 --heads 1 --seq $((1 << e)) --dim 128 --warmup 0 --reps 0 --check-rows 8 --csv "$csv" \
+      "$bin/$stage" --batch 1 --heads 1 --seq $((1 << e)) --dim 128 --warmup 0 "${run[@]}" --csv "$csv" \
         >>"$out/logs/memory.log" 2>&1
     done
   done
@@ -168,15 +182,24 @@ phase_memory() {
 
 phase_torch() {
   rm -f "$out/data/torch.csv"  # compare_torch.py adds to --out: each call of the phase starts afresh
+  : >"$out/logs/torch.log"
+  # The stages with a backward pass (fa_stage_features; 11_backward): their forward pass is an
+  # earlier stage's kernel (stage 08's), measured under that stage's name, so the forward calls
+  # leave them out and the backward calls at the end measure them.
+  local backward
+  backward=$(python3 -c 'import sys; from fa_course import capi
+print(",".join(sorted({s.id[:2] for s in capi.Library(sys.argv[1]).stages() if s.is_cuda and s.supports("backward")})))' \
+    "$build/lib/libfa_capi.so" 2>>"$out/logs/torch.log")
+  forward_stages() { gpu_stages | cut -c1-2 | awk -v skip=",$backward," 'index(skip, "," $1 ",") == 0'; }
   local stages
-  stages=$(gpu_stages | cut -c1-2 | paste -sd, -)
+  stages=$(forward_stages | paste -sd, -)
   python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --shapes seed001 seed004 \
-    --stages "$stages" --out "$out/data/torch.csv" >"$out/logs/torch.log" 2>&1
+    --stages "$stages" --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1
   local status=$?
   # The 16-bit stages (07 and later) beside PyTorch's fused backends at D = 64 and, on the
   # seed001 shapes, with causal masking (is_causal=True).
   local fast
-  fast=$(gpu_stages | cut -c1-2 | awk '$1 >= 7' | paste -sd, -)
+  fast=$(forward_stages | awk '$1 >= 7' | paste -sd, -)
   if [ -n "$fast" ]; then
     python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --shapes seed001-d64 \
       --stages "$fast" --peers torch_flash,torch_cudnn --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
@@ -188,7 +211,7 @@ phase_torch() {
   # The bench phase's grouped-query and multi-query shapes (Hkv = 32, 8, 1 at Hq = 32), for the
   # stages that take general shapes (08 and later), beside PyTorch.
   local general
-  general=$(gpu_stages | cut -c1-2 | awk '$1 >= 8' | paste -sd, -)
+  general=$(forward_stages | awk '$1 >= 8' | paste -sd, -)
   if [ -n "$general" ]; then
     python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" \
       --shapes 1x32x32x4096x4096x128,1x32x8x4096x4096x128,1x32x1x4096x4096x128 \
@@ -201,6 +224,18 @@ phase_torch() {
     python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" \
       --shapes 4x16x4096x96,4x16x4096x192,4x16x4096x256,2x16x8192x256 --causal both \
       --stages "$general" --peers torch_flash,torch_cudnn --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
+      status=1
+  fi
+  # The backward pass alone (pass = bwd) at issue 20's shapes, FP16 and BF16, beside PyTorch's fused
+  # backward passes; causal at D = 128.
+  if [ -n "$backward" ]; then
+    python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --pass bwd \
+      --shapes 4x16x4096x64,4x16x4096x128,1x16x16384x128 --stages "$backward" --dtype fp16,bf16 \
+      --peers torch_flash,torch_cudnn,torch_efficient --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
+      status=1
+    python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --pass bwd --causal on \
+      --shapes 4x16x4096x128 --stages "$backward" --dtype fp16,bf16 \
+      --peers torch_flash,torch_cudnn,torch_efficient --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
       status=1
   fi
   note "torch: $([ $status -eq 0 ] && echo ok || echo FAILED) ($(($(wc -l <"$out/data/torch.csv" 2>/dev/null || echo 1) - 1)) rows)"

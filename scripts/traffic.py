@@ -242,6 +242,14 @@ def main():
         if not found:
             die(f"{library.path} has no stage {folder}: use the library of the same build as {args.bin}")
         facts[folder] = found[0]
+    # The traffic model is the forward pass's; a backward stage's forward is an earlier stage's kernel.
+    backward_only = [f for f in facts if "backward" in facts[f].features]
+    for folder in backward_only:
+        print(f"  {folder}: left out (a backward stage: its forward is an earlier stage's kernel)")
+        del facts[folder]
+    executables = [p for p in executables if os.path.basename(p) in facts]
+    if not executables:
+        die(f"no forward GPU stage executables in {args.bin}")
     ncu = find_ncu(args.ncu)
     smem = args.smem_per_sm or shared_memory_per_sm()
     print(f"ncu: {ncu}; shared memory per SM: {smem} bytes; library: {library.path}; stages (K+V passes): "

@@ -8,8 +8,11 @@ built against CUDA or PyTorch), and the one definition of the benchmark CSVs.
     rows = fa_course.read_results("plots/data/NVIDIA_H200/torch.csv")
 
 Modules: schema (columns, keys, FLOP and byte formulas), results (CSV reading/writing), shapes
-(Problem, presets), capi (the library), torch_gpu and torch_runner (need PyTorch, imported lazily:
-`from fa_course import torch_runner` on a machine with PyTorch and a GPU).
+(Problem, presets), capi (the library), selection (which stages the PyTorch op runs), torch_gpu and
+torch_runner (need PyTorch, imported lazily: `from fa_course import torch_runner` on a machine with
+PyTorch and a GPU), ops (the stages as a trainable PyTorch op; importing it imports PyTorch):
+
+    out = fa_course.attention(q, k, v, causal=True)   # fa_course.ops.attention, imported on first use
 """
 
 from . import schema
@@ -22,6 +25,16 @@ from .schema import (CEILINGS_COLUMNS, RESULTS_COLUMNS, RESULTS_KEY, TRAFFIC_COL
 from .shapes import PRESETS, Problem, parse_problem, parse_shapes
 
 __version__ = "0.2.0"
+
+
+def __getattr__(name):
+    """fa_course.attention is fa_course.ops.attention, imported (with PyTorch) only when asked for."""
+    if name == "attention":
+        from .ops import attention
+
+        return attention
+    raise AttributeError(f"module 'fa_course' has no attribute {name!r}")
+
 
 __all__ = [
     "schema", "FEATURES", "FaError", "Library", "LibraryNotFoundError", "Stage", "find_library", "forward", "load",

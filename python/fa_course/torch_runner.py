@@ -20,6 +20,12 @@ median and minimum of timed calls; where the inputs fit in L2 the cache is flush
 timed call (flush_l2='auto'). Rows follow fa_course.schema and are merged into the results CSV (a
 row replaces the one with the same key).
 
+run(..., pass_='bwd') measures the backward pass alone instead: our stages with a backward pass
+through fa_backward_v2, PyTorch's backends through torch.autograd.grad on one SDPA call's graph
+(the section "the backward pass alone" below says exactly what is timed), gradients compared with a
+float64 backward on sampled (batch, K/V head) groups; rows with pass = bwd and 2.5x the forward's
+FLOPs.
+
 Guards keep a run inside a few minutes: a stage or backend whose calls would take longer than
 max_call_seconds at a shape (predicted from its speed at the previous shape, or seen on its first
 call) is skipped for that shape and larger ones (no row), and past max_seconds the run stops; both
@@ -255,6 +261,95 @@ def compare_with_reference(torch, problem: Problem, q, k, v, out, lse=None, chec
 # catches a wrong max, a missing rescale or a log of the wrong sum, not rounding.
 LSE_TOLERANCE = 1e-3
 
+# The relative L2 error of the worst of dQ, dK, dV above which a backward row of ours is `error`: 16
+# unit roundoffs of the precision. A correct kernel stays a few roundoffs off (the rounding of P, dS
+# and the output); a wrong mask, scale or sum is off by O(1). The tight, element-wise tolerances
+# are the C++ tests' (fa::gradient_tolerance_unit) and tests/python/torch_op_check.py's (derived
+# from PyTorch's own error on the same inputs).
+GRADIENT_REL_L2_BOUND = {"fp16": 16 * 2.0**-11, "bf16": 16 * 2.0**-8, "fp32": 16 * 2.0**-24}
+
+
+def make_grad_out(torch, problem: Problem, dtype, seed: int):
+    """dO for the backward rows: N(0, 1) in the inputs' dtype, the same for every stage and backend."""
+    generator = torch.Generator(device="cuda").manual_seed(seed + 2)
+    values = torch.randn(problem.q_shape, device="cuda", dtype=torch.float32, generator=generator)
+    return values.to(dtype)
+
+
+@dataclasses.dataclass
+class GradientCheck:
+    max_abs: float  # the largest over dQ, dK, dV
+    rel_l2: float  # the worst of the three
+    non_finite: int  # over the whole of the three tensors
+    per_gradient: Dict[str, float]  # max abs error of each
+
+
+def sample_kv_groups(problem: Problem, count: int):
+    """(b, K/V head) pairs: the first, the last, then the middle one; `count` at most."""
+    total = problem.batch * problem.kv_heads
+    picks = list(dict.fromkeys([0, total - 1, total // 2]))[: max(1, count)]
+    return [(p // problem.kv_heads, p % problem.kv_heads) for p in picks]
+
+
+def reference_gradients(torch, problem: Problem, q, k, v, grad_out, b: int, kv: int):
+    """dQ (of the group's query heads), dK and dV of K/V head `kv` of batch entry `b`, in float64 from
+    the rounded inputs: P = softmax(S) exactly, dV = P^T dO, dP = dO V^T, D = rowsum(dO * O),
+    dS = P * (dP - D), dQ = dS K scale, dK = dS^T Q scale, summed over the group's heads. Query rows
+    are taken in chunks (about 256 MiB of float64 scores each); a row that sees no key adds nothing."""
+    group = problem.group_size
+    heads = slice(kv * group, (kv + 1) * group)
+    scale = 1.0 / math.sqrt(problem.dim)
+    kh, vh = k[b, kv].double(), v[b, kv].double()
+    grad_q = torch.zeros((group, problem.q_seq, problem.dim), dtype=torch.float64, device="cuda")
+    grad_k = torch.zeros_like(kh)
+    grad_v = torch.zeros_like(vh)
+    chunk = max(1, (1 << 25) // (problem.kv_seq * group))
+    keys = torch.arange(problem.kv_seq, device="cuda")
+    for start in range(0, problem.q_seq, chunk):
+        rows = torch.arange(start, min(problem.q_seq, start + chunk), device="cuda")
+        qh = q[b, heads][:, rows].double()
+        dout = grad_out[b, heads][:, rows].double()
+        scores = (qh @ kh.T) * scale
+        if problem.causal:
+            ends = rows[:, None] + 1 + problem.kv_seq - problem.q_seq
+            scores.masked_fill_((keys[None, :] >= ends)[None], float("-inf"))
+        row_max = scores.amax(dim=-1, keepdim=True)
+        row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
+        weights = torch.exp(scores - row_max)
+        sums = weights.sum(dim=-1, keepdim=True)
+        probs = weights / torch.where(sums > 0, sums, torch.ones_like(sums))
+        out = probs @ vh
+        grad_v += (probs.transpose(-1, -2) @ dout).sum(dim=0)
+        grad_probs = dout @ vh.T
+        delta = (dout * out).sum(dim=-1, keepdim=True)
+        grad_scores = probs * (grad_probs - delta)
+        grad_q[:, rows] = (grad_scores @ kh) * scale
+        grad_k += (grad_scores.transpose(-1, -2) @ qh).sum(dim=0) * scale
+    return grad_q, grad_k, grad_v
+
+
+def compare_gradients(torch, problem: Problem, inputs, grad_out, grads, check_groups: int = 2) -> GradientCheck:
+    """Max abs and relative L2 errors of dQ, dK, dV against reference_gradients on sampled (batch,
+    K/V head) groups, and the count of non-finite gradients over the whole tensors."""
+    q, k, v = inputs
+    grad_q, grad_k, grad_v = grads
+    non_finite = sum(int((~torch.isfinite(g)).sum().item()) for g in grads)
+    group = problem.group_size
+    max_abs = {"dQ": 0.0, "dK": 0.0, "dV": 0.0}
+    squares = {name: [0.0, 0.0] for name in max_abs}  # (error, reference)
+    for b, kv in sample_kv_groups(problem, check_groups):
+        expected = reference_gradients(torch, problem, q, k, v, grad_out, b, kv)
+        got = (grad_q[b, kv * group:(kv + 1) * group], grad_k[b, kv], grad_v[b, kv])
+        for name, mine, reference in zip(max_abs, got, expected):
+            difference = mine.double() - reference
+            finite = torch.isfinite(difference)
+            difference = torch.where(finite, difference, torch.zeros_like(difference))
+            max_abs[name] = max(max_abs[name], difference.abs().max().item())
+            squares[name][0] += difference.square().sum().item()
+            squares[name][1] += reference.square().sum().item()
+    rel_l2 = max(math.sqrt(e / r) if r > 0 else math.sqrt(e) for e, r in squares.values())
+    return GradientCheck(max(max_abs.values()), rel_l2, non_finite, max_abs)
+
 
 # ---- helpers ------------------------------------------------------------------------------------
 
@@ -350,7 +445,7 @@ class TorchRunner:
         self.rows: List[Dict] = []
         self.failures: List[str] = []
         self.skipped: List[str] = []
-        self.seconds_per_flop: Dict[tuple, float] = {}  # (name, dtype, causal) -> of its latest timed shape
+        self.seconds_per_flop: Dict[tuple, float] = {}  # (name, dtype, causal, pass) -> of its latest timed shape
         self.started = time.monotonic()
         self._flush: Optional[L2Flush] = None
 
@@ -373,9 +468,9 @@ class TorchRunner:
                    f"{timing:<16} {tflops:<18} err {row.get('max_abs_err') or '-':<10} {row.get('note') or ''}")
         return row
 
-    def should_skip(self, name: str, precision: str, problem: Problem) -> bool:
-        flops = problem.flops()
-        per_flop = self.seconds_per_flop.get((name, precision, problem.causal))
+    def should_skip(self, name: str, precision: str, problem: Problem, pass_: str = "fwd") -> bool:
+        flops = problem.flops(pass_)
+        per_flop = self.seconds_per_flop.get((name, precision, problem.causal, pass_))
         if per_flop is not None and per_flop * flops > self.config.max_call_seconds:
             self.skipped.append(f"{name} {precision} {problem.describe()}: about {per_flop * flops:.1f} s per call "
                                 f"> max-call-seconds {self.config.max_call_seconds}")
@@ -383,14 +478,14 @@ class TorchRunner:
             return True
         return False
 
-    def flush_for(self, problem: Problem, precision: str):
+    def flush_for(self, problem: Problem, precision: str, pass_: str = "fwd"):
         """The L2 flush to run before each timed call, or None."""
         mode = self.config.flush_l2
         if mode == "off":
             return None
         if self._flush is None:
             self._flush = L2Flush(self.torch)
-        if mode == "on" or problem.minimum_bytes(precision) < self._flush.bytes:
+        if mode == "on" or problem.minimum_bytes(precision, pass_) < self._flush.bytes:
             return self._flush
         return None
 
@@ -426,7 +521,7 @@ class TorchRunner:
                 notes.append(f"{reps} timed calls")
             if flush is not None:
                 notes.append("L2 flushed before each call")
-        self.seconds_per_flop[(name, precision, problem.causal)] = ms_median / 1e3 / flops
+        self.seconds_per_flop[(name, precision, problem.causal, "fwd")] = ms_median / 1e3 / flops
         tolerance = self.library.tolerance(precision, check.max_abs_v)
         status = "ok"
         max_abs = check.max_abs
@@ -564,18 +659,175 @@ class TorchRunner:
         except RuntimeError as error:
             raise ContextLost(f"the CUDA context is broken ({one_line(error)}); stopping") from None
 
+    # ---- the backward pass alone ----------------------------------------------------------------
+    # What is timed, on both sides: from dO, O and the LSE already in memory (one forward pass made
+    # them, untimed) to dQ, dK and dV written. Ours: one fa_backward_v2 call (its preprocessing of
+    # D = rowsum(dO * O), the clearing of the FP32 dQ, the main kernel and dQ's conversion). PyTorch:
+    # torch.autograd.grad(out, (q, k, v), dO, retain_graph=True) on the graph of one SDPA call with the
+    # backend forced, which runs that backend's backward kernels (its own preprocessing and dQ
+    # conversion included) and allocates the three gradients from the caching allocator. CUDA events
+    # on the current stream bracket each call, as in the forward rows.
+
+    def run_stage_backward(self, stage: Stage, problem: Problem, inputs) -> None:
+        torch, library = self.torch, self.library
+        name, precision = stage.id, stage.precision
+        q, k, v = inputs
+        reason = ("" if stage.supports("backward") else f"{stage.id} has no backward pass") or \
+            library.unsupported_reason(stage.id, problem, lse=True) or \
+            library.unsupported_reason(stage.id, problem, pass_="bwd")
+        if reason:
+            self.row(name, problem, precision, status="unsupported", source_hash=stage.source_hash,
+                     note=one_line(reason), **{"pass": "bwd"})
+            return
+        if self.should_skip(name, precision, problem, "bwd"):
+            return
+        forward_bytes = library.workspace_bytes(stage.id, problem, "fwd")
+        backward_bytes = library.workspace_bytes(stage.id, problem, "bwd")
+        io_bytes = 4 * (q.numel() + k.numel()) * q.element_size() + 4 * problem.batch * problem.q_heads * problem.q_seq
+        try:
+            out, grad_out = torch.empty_like(q), make_grad_out(torch, problem, q.dtype, self.config.seed)
+            lse = torch.empty(problem.lse_shape, dtype=torch.float32, device="cuda")
+            grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]  # poison: unwritten elements fail
+            forward_workspace = torch.empty(forward_bytes, dtype=torch.uint8, device="cuda") if forward_bytes else None
+            workspace = torch.empty(backward_bytes, dtype=torch.uint8, device="cuda") if backward_bytes else None
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            self.row(name, problem, precision, status="oom", peak_bytes=io_bytes + backward_bytes,
+                     source_hash=stage.source_hash, note=f"{self.free_bytes()} bytes free", **{"pass": "bwd"})
+            return
+        stream = torch.cuda.current_stream()
+
+        def call():
+            library.backward(stage.id, problem, q, k, v, out, grad_out, lse, *grads, stream=stream, workspace=workspace)
+            return grads
+
+        try:
+            library.forward(stage.id, problem, q, k, v, out, lse=lse, stream=stream, workspace=forward_workspace)
+            self.measured_backward(name, precision, problem, inputs, out, grad_out, call,
+                                   io_bytes + max(forward_bytes, backward_bytes), stage.source_hash, is_ours=True)
+        except FaError as error:
+            status = "unsupported" if error.status in (FA_INVALID_SHAPE, FA_UNSUPPORTED) else "error"
+            self.row(name, problem, precision, status=status, source_hash=stage.source_hash,
+                     note=one_line(f"{error.status_name}: {error.message}"), **{"pass": "bwd"})
+            if status == "error":
+                self.failures.append(f"{name} {precision} bwd {problem.describe()}: {error.message}")
+                self.require_healthy_context()
+        except RuntimeError as error:
+            self.row(name, problem, precision, status="error", source_hash=stage.source_hash, note=one_line(error),
+                     **{"pass": "bwd"})
+            self.failures.append(f"{name} {precision} bwd {problem.describe()}: {one_line(error)}")
+            self.require_healthy_context()
+
+    def run_peer_backward(self, peer: str, problem: Problem, inputs, precision: str) -> None:
+        torch = self.torch
+        if self.should_skip(peer, precision, problem, "bwd"):
+            return
+        backend = PEERS[peer]
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        input_bytes = 2 * sum(t.numel() for t in inputs) * inputs[0].element_size()  # Q, K, V and dO, O
+        try:
+            forward = sdpa_call(torch, *leaves, problem)
+        except ImportError as error:
+            self.row(peer, problem, precision, status="unsupported", note=one_line(
+                f"PyTorch {torch.__version__} lacks causal_lower_right: {error}"), **{"pass": "bwd"})
+            return
+        grad_out = make_grad_out(torch, problem, inputs[0].dtype, self.config.seed)
+        context = self.sdpa_kernel(getattr(self.sdp_backend, backend)) if backend else _nothing()
+        with context:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    out = forward()
+                    torch.autograd.grad(out, leaves, grad_out, retain_graph=True)  # the backend may refuse here
+                    torch.cuda.synchronize()
+                except torch.cuda.OutOfMemoryError as error:
+                    torch.cuda.empty_cache()
+                    self.row(peer, problem, precision, status="oom", peak_bytes=input_bytes + oom_bytes(error),
+                             note=f"{self.free_bytes()} bytes free", **{"pass": "bwd"})
+                    return
+                except (RuntimeError, TypeError, ValueError) as error:
+                    self.row(peer, problem, precision, status="unsupported",
+                             note=refusal_reason(caught, error, backend), **{"pass": "bwd"})
+                    self.require_healthy_context()
+                    return
+            peak = torch.cuda.max_memory_allocated() - base + input_bytes
+
+            def call():
+                return torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
+
+            try:
+                self.measured_backward(peer, precision, problem, inputs, out.detach(), grad_out, call, peak, "",
+                                       is_ours=False)
+            except torch.cuda.OutOfMemoryError as error:
+                torch.cuda.empty_cache()
+                self.row(peer, problem, precision, status="oom", peak_bytes=input_bytes + oom_bytes(error),
+                         note=f"{self.free_bytes()} bytes free", **{"pass": "bwd"})
+            except RuntimeError as error:
+                self.row(peer, problem, precision, status="error", note=one_line(error), **{"pass": "bwd"})
+                self.require_healthy_context()
+
+    def measured_backward(self, name: str, precision: str, problem: Problem, inputs, out, grad_out, call,
+                          peak_bytes: int, source_hash: str, is_ours: bool) -> None:
+        """Times `call` (it returns dQ, dK, dV; its first call also feeds the check against the float64
+        backward) and writes the pass=bwd row: 2.5x the forward's FLOPs, the backward's minimum bytes."""
+        config = self.config
+        grads, first_ms = first_call(self.torch, call)
+        check = compare_gradients(self.torch, problem, inputs, grad_out, grads, config.check_heads)
+        del grads
+        flops = problem.flops("bwd")
+        notes = []
+        if first_ms / 1e3 > config.max_call_seconds:
+            ms_median = ms_min = first_ms
+            notes.append(f"1 call: it took more than max-call-seconds {config.max_call_seconds}")
+        else:
+            flush = self.flush_for(problem, precision, "bwd")
+            ms_median, ms_min, reps = self.time_calls(call, first_ms, flush)
+            if reps != config.reps:
+                notes.append(f"{reps} timed calls")
+            if flush is not None:
+                notes.append("L2 flushed before each call")
+        self.seconds_per_flop[(name, precision, problem.causal, "bwd")] = ms_median / 1e3 / flops
+        status, wrong = "ok", []
+        bound = GRADIENT_REL_L2_BOUND[precision]
+        if check.non_finite:
+            wrong.append(f"{check.non_finite} non-finite gradients")
+        elif check.rel_l2 > bound:
+            wrong.append(f"rel_l2_err {check.rel_l2:.3e} > {bound:.3e}" if is_ours
+                         else f"above our {precision} gradient bound {bound:.3e}")
+        notes.append("errors of " + ", ".join(f"{g} {e:.1e}" for g, e in check.per_gradient.items()) + " (max abs)")
+        if wrong and is_ours:
+            status = "error"
+            notes = ["wrong: " + "; ".join(wrong)] + notes
+            self.failures.append(f"{name} {precision} bwd {problem.describe()}: {'; '.join(wrong)}")
+        else:
+            notes = wrong + notes
+        min_bytes = problem.minimum_bytes(precision, "bwd")
+        max_abs = float("nan") if check.non_finite else check.max_abs
+        self.row(name, problem, precision, ms_median=f"{ms_median:.6g}", ms_min=f"{ms_min:.6g}",
+                 tflops=f"{flops / (ms_median / 1e3) / 1e12:.6g}", gbps=f"{min_bytes / (ms_median / 1e3) / 1e9:.6g}",
+                 peak_bytes=peak_bytes, max_abs_err=f"{max_abs:.3e}", rel_l2_err=f"{check.rel_l2:.3e}", status=status,
+                 source_hash=source_hash, note="; ".join(notes), **{"pass": "bwd"})
+
     # ---- the whole run -------------------------------------------------------------------------
     def over_budget(self) -> bool:
         return time.monotonic() - self.started > self.config.max_seconds
 
     def run(self, problems: Sequence[Problem], stages: Sequence[Stage], peers: Sequence[str],
-            precisions: Sequence[str], causal_modes: Sequence[bool] = (False,)) -> None:
+            precisions: Sequence[str], causal_modes: Sequence[bool] = (False,), pass_: str = "fwd") -> None:
         """Every problem in every precision, with each causal mode: our stages of that precision, then
-        the peers. Raises ContextLost after a kernel fault (the rows so far are written)."""
+        the peers; the forward pass, or with pass_='bwd' the backward pass alone (see run_stage_backward).
+        Raises ContextLost after a kernel fault (the rows so far are written)."""
         torch = self.torch
         for peer in peers:
             if peer not in PEERS:
                 raise ValueError(f"unknown peer '{peer}' (choose from {', '.join(PEERS)})")
+        if pass_ not in ("fwd", "bwd"):
+            raise ValueError(f"pass '{pass_}': this runner measures 'fwd' or 'bwd'")
+        run_stage = self.run_stage if pass_ == "fwd" else self.run_stage_backward
+        run_peer = self.run_peer if pass_ == "fwd" else self.run_peer_backward
         pending = [(problem, p) for problem in problems for p in precisions]
         for index, (problem, precision) in enumerate(pending):
             if self.over_budget():
@@ -597,9 +849,9 @@ class TorchRunner:
             for causal in causal_modes:
                 masked = problem.with_causal(causal)
                 for stage in ours:
-                    self.run_stage(stage, masked, inputs)
+                    run_stage(stage, masked, inputs)
                 for peer in peers:
-                    self.run_peer(peer, masked, inputs, precision)
+                    run_peer(peer, masked, inputs, precision)
             del inputs
 
     def report(self, stream=None) -> None:
@@ -626,4 +878,5 @@ class _nothing:
 
 __all__ = ["PEERS", "DEFAULT_PEERS", "RunConfig", "TorchRunner", "TensorError", "ContextLost", "TorchUnavailable",
            "check_tensors", "problem_of", "stage_forward", "sdpa_call", "compare_with_reference", "make_inputs",
-           "default_out", "precision_of"]
+           "default_out", "precision_of", "compare_gradients", "reference_gradients", "make_grad_out",
+           "GRADIENT_REL_L2_BOUND"]
