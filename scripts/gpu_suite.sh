@@ -218,11 +218,18 @@ print(",".join(sorted({s.id[:2] for s in capi.Library(sys.argv[1]).stages() if s
       --stages "$general" --peers torch_flash,torch_cudnn --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
       status=1
   fi
+  # Grouped-query and multi-query attention at B = 4 (the stage READMEs' shapes), with and without the mask.
+  if [ -n "$general" ]; then
+    python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" \
+      --shapes 4x32x32x4096x4096x128,4x32x8x4096x4096x128,4x32x1x4096x4096x128 --causal both \
+      --stages "$general" --peers torch_flash,torch_cudnn --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
+      status=1
+  fi
   # Head dims past the power-of-two buckets and the largest (96, 192, 256), with and without the
   # mask, for the stages that take them (08 and later; a stage that does not gets an unsupported row).
   if [ -n "$general" ]; then
     python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" \
-      --shapes 4x16x4096x96,4x16x4096x192,4x16x4096x256,2x16x8192x256 --causal both \
+      --shapes 4x16x4096x96,4x16x4096x192,4x16x4096x256,2x16x8192x256,4x16x8192x256 --causal both \
       --stages "$general" --peers torch_flash,torch_cudnn --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
       status=1
   fi
