@@ -1,6 +1,7 @@
-// Stage 10: FlashAttention-3's schedule. The data movement is stage 09's, unchanged: TMA copies
-// into a ring of K/V slots completing on mbarriers, one producer warp, consumer warpgroups that run
-// both products as wgmma. What changes is when each consumer warpgroup issues its products.
+// Stage 10: FlashAttention-3's schedule. The data movement is stage 09's: TMA copies into a ring of
+// K/V slots completing on mbarriers, one producer warp, consumer warpgroups that run both products
+// as wgmma (only now a slot's K and V are freed separately). What changes is when each consumer
+// warpgroup issues its products.
 //
 // In stage 09 a consumer warpgroup alternates: S = Q·Kᵀ on the tensor cores, then the softmax on
 // the ALUs and the multi-function unit (exp2), then O += P·V on the tensor cores. While its softmax
