@@ -4,8 +4,10 @@
 #
 #   scripts/gpu_suite.sh OUTDIR [PHASE ...]
 #
-# Phases (default: all, in this order), each well inside ten minutes on an H100, each able to
-# run alone once `build` has run:
+# Phases (default: all, in this order), each able to run alone once `build` has run. On an H200 the
+# longest take about 8 minutes (bench of stages 02-04, whose FP32 kernels are slow) and 4 (bench of
+# 05-07, of 08-11, memory); FA_STAGES="..." restricts the GPU phases to some stages, so that a
+# machine lent ten minutes at a time runs the suite in pieces (then `archive` and merge at home):
 #   build     Release build for the local GPU
 #   test      the whole ctest suite with FA_REQUIRE_GPU=1 (a skipped test is a failure)
 #   sanitize  compute-sanitizer memcheck, racecheck, synccheck, initcheck on every GPU stage
@@ -16,6 +18,8 @@
 #   ceilings  SGEMM, FP16 tensor-core matmul, copy bandwidth   -> OUTDIR/data/ceilings.csv
 #   traffic   ncu DRAM and L2 bytes per stage                  -> OUTDIR/data/traffic.csv
 #   exercises every stage's untouched student copy must fail its tests (scripts/check_exercises.sh)
+#   archive   OUTDIR's data, logs and summary as one .tgz (in $FA_ARCHIVE_DIR, default OUTDIR), to
+#             carry off a machine whose files do not outlive the call and merge at home
 #   merge     OUTDIR/data into the repository's data set of this GPU, plots/data/<GPU name, spaces
 #             as _>/ ($FA_DATA_DIR to choose another folder): per kind, the run's rows replace the
 #             rows with the same key, the others stay (python3 -m fa_course.data merge), env.txt is
@@ -289,6 +293,15 @@ phase_merge() {
       tail -n +"$summary_start" "$summary"; } >>"$dest/gpu_suite_log.txt"
   fi
   return $status
+}
+
+# The run's data, logs and summary as one archive, FA_ARCHIVE_DIR/<OUTDIR's name>.tgz (default: in
+# OUTDIR), for a machine whose files do not outlive the call (a lent GPU): merge it at home with
+# `tar -xzf X.tgz -C DIR && python3 -m fa_course.data merge DIR/data plots/data/<gpu>`.
+phase_archive() {
+  local dir=${FA_ARCHIVE_DIR:-$out}
+  tar -C "$out" -czf "$dir/$(basename "$out").tgz" data logs summary.txt
+  note "archive: $dir/$(basename "$out").tgz"
 }
 
 overall=0
