@@ -11,8 +11,10 @@ A data folder holds one file per kind:
   traffic.csv   DRAM and L2 bytes measured with Nsight Compute
   env.txt       date, GPU, driver, CUDA and the source hashes of the run that wrote it
 
-and, besides, the stages' walkthrough output (walkthrough_NN.txt), Nsight Compute reports (ncu/)
-and the GPU suite's running log (gpu_suite_log.txt), none of them read as data. Files written before
+and, besides, the stages' walkthrough output (walkthrough_NN.txt), Nsight Compute reports (ncu/),
+the training example's loss curves and log (training/: scripts/train_attention.py --csv, drawn by
+notebooks/training.ipynb) and the GPU suite's running log (gpu_suite_log.txt), none of them merged
+row by row. Files written before
 the general shapes (B, H, N, D; no pass) are converted on read: H is Hq = Hkv, N is Nq = Nk, pass is
 fwd (and traffic rows without causal are non-causal).
 
@@ -24,7 +26,8 @@ fwd (and traffic rows without causal are non-causal).
 
 A merge replaces, kind by kind, the rows whose key (schema.RESULTS_KEY, CEILINGS_KEY, TRAFFIC_KEY)
 the new folder has, keeps the others, and writes each file back sorted by its key; env.txt, the
-walkthrough files and ncu/ reports of the new folder replace the old ones of the same name.
+walkthrough files and the ncu/ and training/ reports of the new folder replace the old ones of the same
+name.
 """
 
 import argparse
@@ -65,6 +68,8 @@ KINDS = {
 ENV_FILE = "env.txt"
 LOG_FILE = "gpu_suite_log.txt"
 NCU_FOLDER = "ncu"
+TRAINING_FOLDER = "training"
+REPORT_FOLDERS = (NCU_FOLDER, TRAINING_FOLDER)
 WALKTHROUGH = re.compile(r"^walkthrough_[0-9][0-9]\.txt$")
 CPU = "cpu"  # the gpu column of the CPU stage's rows (common/src/runner.cpp): in any GPU's folder
 
@@ -123,8 +128,9 @@ def classify(folder):
         if name.startswith("."):
             continue
         if os.path.isdir(path):
-            if name != NCU_FOLDER:
-                problems.append(f"{name}/: an unknown folder (only {NCU_FOLDER}/ belongs in a data folder)")
+            if name not in REPORT_FOLDERS:
+                problems.append(f"{name}/: an unknown folder (only {', '.join(f + '/' for f in REPORT_FOLDERS)} "
+                                f"belong in a data folder)")
             continue
         if name.endswith(".csv"):
             stem = name[:-4]
@@ -146,7 +152,7 @@ def classify(folder):
         if name in (ENV_FILE, LOG_FILE, "README.md") or WALKTHROUGH.match(name):
             continue
         problems.append(f"{name}: an unknown file (known: the kinds' CSVs, {ENV_FILE}, walkthrough_NN.txt, "
-                        f"{LOG_FILE}, {NCU_FOLDER}/)")
+                        f"{LOG_FILE}, {', '.join(f + '/' for f in REPORT_FOLDERS)})")
     return found, problems
 
 
@@ -217,7 +223,7 @@ def merge(new_folder, data_folder):
         source = os.path.join(new_folder, entry)
         if entry == ENV_FILE or WALKTHROUGH.match(entry):
             shutil.copyfile(source, os.path.join(data_folder, entry))
-        elif entry == NCU_FOLDER and os.path.isdir(source):
+        elif entry in REPORT_FOLDERS and os.path.isdir(source):
             shutil.copytree(source, os.path.join(data_folder, entry), dirs_exist_ok=True)
     check(data_folder)
     return summary
