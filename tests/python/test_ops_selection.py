@@ -4,9 +4,9 @@ stage's borrowed forward only as a last resort; the backward stage is the latest
 pass; a named stage gets the tensors' precision; refusals carry the library's reason. Also: the
 package and the scripts around the op say what is missing, instead of failing, without PyTorch.
 
-The library tests skip, saying so, when no library is built (fail with FA_REQUIRE_LIB=1, as ctest
-sets it). A case that needs a stage the build lacks (a build of some stages only) passes without
-checking anything: this suite may skip nothing under ctest."""
+The rules are checked on the course's descriptors as a list (CourseLibrary), so every case checks on
+every machine; one test compares that list with the built library's own descriptors (it skips,
+saying so, when no library is built, and fails instead with FA_REQUIRE_LIB=1, as ctest sets it)."""
 
 import os
 import subprocess
@@ -40,46 +40,95 @@ class RunsOn(unittest.TestCase):
         self.assertIn("CUDA", runs_on(anywhere_since_ampere, "cpu", 0))
 
 
+def course_stage(stage_id, precision, features=(), architecture="sm_80+", capability=80, backend="cuda",
+                 max_dim=128):
+    flags = 0
+    for feature in features:
+        flags |= capi.FEATURES[feature]
+    return capi.Stage(id=stage_id, title="", backend=backend, precision=precision, max_dim=max_dim,
+                      architecture=architecture, min_compute_capability=capability, feature_flags=flags,
+                      kv_passes=1.0, source_hash="")
+
+
+# The course's descriptors as the library lists them (stages/CMakeLists.txt: in folder order; 03 and 04
+# left out, which write no LSE, like 02), with the facts choose_stage reads: backend, precision,
+# architecture, the LSE and backward features and the largest head dim.
+HOPPER = dict(architecture="sm_90a", capability=90, max_dim=256)
+COURSE = [
+    course_stage("01_cpu", "fp32", ("lse",), architecture="cpu", capability=0, backend="cpu", max_dim=256),
+    course_stage("02_naive_gpu", "fp32", architecture="sm_75+", capability=75, max_dim=256),
+    course_stage("05_float4", "fp32", architecture="sm_75+", capability=75, max_dim=256),
+    course_stage("06_wmma", "fp16", architecture="sm_75+", capability=75, max_dim=256),
+    course_stage("07_fp16_pipelined", "fp16", max_dim=256),
+    course_stage("07_fp16_pipelined/bf16", "bf16", max_dim=256),
+    course_stage("08_mma_registers", "fp16", ("lse",), max_dim=256),
+    course_stage("08_mma_registers/bf16", "bf16", ("lse",), max_dim=256),
+    course_stage("09_wgmma_tma", "fp16", ("lse",), **HOPPER),
+    course_stage("09_wgmma_tma/bf16", "bf16", ("lse",), **HOPPER),
+    course_stage("10_overlap", "fp16", ("lse",), **HOPPER),
+    course_stage("10_overlap/bf16", "bf16", ("lse",), **HOPPER),
+    course_stage("11_backward", "fp16", ("lse", "backward")),
+    course_stage("11_backward/bf16", "bf16", ("lse", "backward")),
+    course_stage("11_backward/fp32", "fp32", ("lse", "backward"), architecture="cpu", capability=0, backend="cpu",
+                 max_dim=256),
+]
+
+
+class CourseLibrary:
+    """What choose_stage asks a library, for a given list of descriptors: it refuses a head dim above a
+    stage's largest, as the real library does (with its reason)."""
+
+    path = "the course's stages"
+    select = capi.Library.select  # by id, folder or number, over stages()
+
+    def __init__(self, stage_list):
+        self._stages = list(stage_list)
+
+    def stages(self):
+        return list(self._stages)
+
+    def stage(self, stage_id):
+        return next(s for s in self._stages if s.id == stage_id)
+
+    def workspace_bytes(self, stage_id, problem, pass_="fwd", causal=None):
+        stage = self.stage(stage_id)
+        if problem.dim > stage.max_dim:
+            raise capi.FaError(capi.FA_UNSUPPORTED, f"{stage_id}: head dim {problem.dim} is above {stage.max_dim}",
+                               stage_id)
+        return 0
+
+
 class Choice(unittest.TestCase):
+    """The rules on the course's descriptors (no library needed, so every case checks everywhere)."""
+
     def setUp(self):
-        self.library = _support.library_or_skip(self)
-        self.ids = [s.id for s in self.library.stages()]
+        self.library = CourseLibrary(COURSE)
 
-    def has(self, *stage_ids):
-        return all(s in self.ids for s in stage_ids)
-
-    def choose(self, pass_, precision, capability, problem=PROBLEM, requested=None, backend="cuda"):
-        return choose_stage(self.library, pass_, backend, precision, problem, capability, requested).id
+    def choose(self, pass_, precision, capability, problem=PROBLEM, requested=None, backend="cuda", library=None):
+        return choose_stage(library or self.library, pass_, backend, precision, problem, capability, requested).id
 
     def test_the_latest_forward_stage_that_runs_here(self):
-        if not self.has("08_mma_registers", "08_mma_registers/bf16"):
-            return
         self.assertEqual(self.choose("fwd", "fp16", 80), "08_mma_registers")
         self.assertEqual(self.choose("fwd", "bf16", 86), "08_mma_registers/bf16")
-        latest_hopper = [s for s in ("10_overlap", "09_wgmma_tma") if s in self.ids]
-        expected = latest_hopper[0] if latest_hopper else "08_mma_registers"
-        self.assertEqual(self.choose("fwd", "fp16", 90), expected)
+        self.assertEqual(self.choose("fwd", "fp16", 90), "10_overlap")
+        self.assertEqual(self.choose("fwd", "bf16", 90), "10_overlap/bf16")
         self.assertEqual(self.choose("fwd", "fp16", 100), "08_mma_registers")  # sm_90a stages run on sm_90 only
+        without_10 = CourseLibrary(s for s in COURSE if not s.id.startswith("10_"))
+        self.assertEqual(self.choose("fwd", "fp16", 90, library=without_10), "09_wgmma_tma")
 
     def test_a_backward_stage_is_the_forward_stage_of_last_resort(self):
-        if not self.has("08_mma_registers", "11_backward"):
-            return
         self.assertEqual(self.choose("bwd", "fp16", 80), "11_backward")
         self.assertEqual(self.choose("bwd", "bf16", 90), "11_backward/bf16")
-        # 08 and 11 share stage 08's kernel, so a problem 08 refuses is refused by 11 too: the
-        # fallback shows only where a library has no forward stage of that precision at all
         for capability in (80, 90):
             self.assertFalse(self.library.stage(self.choose("fwd", "fp16", capability)).supports("backward"))
+        only_backward = CourseLibrary(s for s in COURSE if not s.id.startswith(("08_", "09_", "10_")))
+        self.assertEqual(self.choose("fwd", "fp16", 80, library=only_backward), "11_backward")
 
     def test_the_cpu_stages(self):
-        if not self.has("01_cpu", "11_backward/fp32"):
-            return
         self.assertEqual(self.choose("fwd", "fp32", 0, backend="cpu"), "01_cpu")
         self.assertEqual(self.choose("bwd", "fp32", 0, backend="cpu"), "11_backward/fp32")
 
     def test_a_named_stage_in_the_tensors_precision(self):
-        if not self.has("08_mma_registers/bf16"):
-            return
         self.assertEqual(self.choose("fwd", "bf16", 90, requested="08"), "08_mma_registers/bf16")
         self.assertEqual(self.choose("fwd", "bf16", 90, requested="08_mma_registers"), "08_mma_registers/bf16")
         with self.assertRaisesRegex(UnsupportedProblem, "no stage 'no_such_stage'"):
@@ -88,22 +137,37 @@ class Choice(unittest.TestCase):
             self.choose("fwd", "fp32", 90, requested="08")
 
     def test_a_named_stage_that_cannot_run_here(self):
-        if not self.has("09_wgmma_tma", "07_fp16_pipelined"):
-            return
         with self.assertRaisesRegex(UnsupportedProblem, "needs sm_90a; this GPU is sm_80"):
             self.choose("fwd", "fp16", 80, requested="09")
         with self.assertRaisesRegex(UnsupportedProblem, "log-sum-exp"):
             self.choose("fwd", "fp16", 90, requested="07")
 
     def test_refusals_carry_the_librarys_reason(self):
-        if not self.has("11_backward"):
-            return
         too_wide = Problem(1, 2, 2, 16, 16, self.library.stage("11_backward").max_dim + 8)
         with self.assertRaisesRegex(UnsupportedProblem, "head dim") as caught:
             self.choose("bwd", "fp16", 90, problem=too_wide)
         self.assertIn("11_backward", str(caught.exception))
         with self.assertRaisesRegex(UnsupportedProblem, "no cuda stage with a backward pass in fp32"):
             self.choose("bwd", "fp32", 90)
+
+
+class ChoiceInTheBuiltLibrary(unittest.TestCase):
+    """The built library's own descriptors say what the rules above assume of them."""
+
+    def test_its_stages_declare_what_the_choice_reads(self):
+        library = _support.library_or_skip(self)
+        by_id = {s.id: s for s in library.stages()}
+        for expected in COURSE:
+            actual = by_id.get(expected.id)
+            if actual is None:  # a build of some stages only (FA_ONLY_STAGES)
+                continue
+            with self.subTest(stage=expected.id):
+                self.assertEqual((actual.backend, actual.precision, actual.architecture),
+                                 (expected.backend, expected.precision, expected.architecture))
+                self.assertEqual(actual.supports("lse"), expected.supports("lse"))
+                self.assertEqual(actual.supports("backward"), expected.supports("backward"))
+                self.assertEqual(actual.max_dim, expected.max_dim)
+        self.assertTrue(set(by_id) & {s.id for s in COURSE}, "the library has none of the course's stages")
 
 
 class WithoutTorch(unittest.TestCase):
