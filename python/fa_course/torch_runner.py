@@ -608,18 +608,34 @@ class TorchRunner:
 
     # ---- PyTorch -------------------------------------------------------------------------------
     def run_peer(self, peer: str, problem: Problem, inputs, precision: str) -> None:
-        torch = self.torch
-        q, k, v = inputs
         if self.should_skip(peer, precision, problem):
             return
-        backend = PEERS[peer]
-        input_bytes = (q.numel() + 2 * k.numel()) * q.element_size()
+        q, k, v = inputs
+
+        def first(call):
+            call()  # its output is freed before the timed calls
+
+        def measure(call, _, peak):
+            self.measured(peer, precision, problem, inputs, call, peak, "", is_ours=False)
+
+        self.run_peer_pass(peer, problem, precision, "fwd", lambda: sdpa_call(self.torch, q, k, v, problem),
+                           input_bytes=(q.numel() + 2 * k.numel()) * q.element_size(), first=first, measure=measure)
+
+    def run_peer_pass(self, peer: str, problem: Problem, precision: str, pass_: str, make_call, input_bytes: int,
+                      first, measure) -> None:
+        """One pass of PyTorch's SDPA with `peer`'s backend forced: `make_call()` builds the call, `first(call)`
+        runs it once untimed (the backend may refuse it there; what it returns goes to `measure`), then
+        `measure(call, first's result, peak bytes)` times it and writes the row. A refusal, an out-of-memory
+        error or a fault becomes the pass's row instead."""
+        torch = self.torch
+        fields = {"pass": pass_}
         try:
-            call = sdpa_call(torch, q, k, v, problem)
+            call = make_call()
         except ImportError as error:
             self.row(peer, problem, precision, status="unsupported",
-                     note=one_line(f"PyTorch {torch.__version__} lacks causal_lower_right: {error}"))
+                     note=one_line(f"PyTorch {torch.__version__} lacks causal_lower_right: {error}"), **fields)
             return
+        backend = PEERS[peer]
         context = self.sdpa_kernel(getattr(self.sdp_backend, backend)) if backend else _nothing()
         with context:
             torch.cuda.synchronize()
@@ -628,28 +644,27 @@ class TorchRunner:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
-                    out = call()
+                    result = first(call)
                     torch.cuda.synchronize()
                 except torch.cuda.OutOfMemoryError as error:
                     torch.cuda.empty_cache()
                     self.row(peer, problem, precision, status="oom", peak_bytes=input_bytes + oom_bytes(error),
-                             note=f"{self.free_bytes()} bytes free")
+                             note=f"{self.free_bytes()} bytes free", **fields)
                     return
                 except (RuntimeError, TypeError, ValueError) as error:  # TypeError: no enable_gqa before 2.5
                     self.row(peer, problem, precision, status="unsupported",
-                             note=refusal_reason(caught, error, backend))
+                             note=refusal_reason(caught, error, backend), **fields)
                     self.require_healthy_context()
                     return
             peak = torch.cuda.max_memory_allocated() - base + input_bytes
-            del out
             try:
-                self.measured(peer, precision, problem, inputs, call, peak, "", is_ours=False)
+                measure(call, result, peak)
             except torch.cuda.OutOfMemoryError as error:
                 torch.cuda.empty_cache()
                 self.row(peer, problem, precision, status="oom", peak_bytes=input_bytes + oom_bytes(error),
-                         note=f"{self.free_bytes()} bytes free")
+                         note=f"{self.free_bytes()} bytes free", **fields)
             except RuntimeError as error:
-                self.row(peer, problem, precision, status="error", note=one_line(error))
+                self.row(peer, problem, precision, status="error", note=one_line(error), **fields)
                 self.require_healthy_context()
 
     def require_healthy_context(self) -> None:
@@ -722,52 +737,24 @@ class TorchRunner:
         torch = self.torch
         if self.should_skip(peer, precision, problem, "bwd"):
             return
-        backend = PEERS[peer]
         leaves = [t.detach().requires_grad_() for t in inputs]
-        input_bytes = 2 * sum(t.numel() for t in inputs) * inputs[0].element_size()  # Q, K, V and dO, O
-        try:
-            forward = sdpa_call(torch, *leaves, problem)
-        except ImportError as error:
-            self.row(peer, problem, precision, status="unsupported", note=one_line(
-                f"PyTorch {torch.__version__} lacks causal_lower_right: {error}"), **{"pass": "bwd"})
-            return
         grad_out = make_grad_out(torch, problem, inputs[0].dtype, self.config.seed)
-        context = self.sdpa_kernel(getattr(self.sdp_backend, backend)) if backend else _nothing()
-        with context:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                try:
-                    out = forward()
-                    torch.autograd.grad(out, leaves, grad_out, retain_graph=True)  # the backend may refuse here
-                    torch.cuda.synchronize()
-                except torch.cuda.OutOfMemoryError as error:
-                    torch.cuda.empty_cache()
-                    self.row(peer, problem, precision, status="oom", peak_bytes=input_bytes + oom_bytes(error),
-                             note=f"{self.free_bytes()} bytes free", **{"pass": "bwd"})
-                    return
-                except (RuntimeError, TypeError, ValueError) as error:
-                    self.row(peer, problem, precision, status="unsupported",
-                             note=refusal_reason(caught, error, backend), **{"pass": "bwd"})
-                    self.require_healthy_context()
-                    return
-            peak = torch.cuda.max_memory_allocated() - base + input_bytes
 
+        def first(forward):
+            out = forward()
+            torch.autograd.grad(out, leaves, grad_out, retain_graph=True)  # the backend may refuse here
+            return out
+
+        def measure(_, out, peak):
             def call():
                 return torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
 
-            try:
-                self.measured_backward(peer, precision, problem, inputs, out.detach(), grad_out, call, peak, "",
-                                       is_ours=False)
-            except torch.cuda.OutOfMemoryError as error:
-                torch.cuda.empty_cache()
-                self.row(peer, problem, precision, status="oom", peak_bytes=input_bytes + oom_bytes(error),
-                         note=f"{self.free_bytes()} bytes free", **{"pass": "bwd"})
-            except RuntimeError as error:
-                self.row(peer, problem, precision, status="error", note=one_line(error), **{"pass": "bwd"})
-                self.require_healthy_context()
+            self.measured_backward(peer, precision, problem, inputs, out.detach(), grad_out, call, peak, "",
+                                   is_ours=False)
+
+        self.run_peer_pass(peer, problem, precision, "bwd", lambda: sdpa_call(torch, *leaves, problem),
+                           input_bytes=2 * sum(t.numel() for t in inputs) * inputs[0].element_size(),  # Q, K, V, dO, O
+                           first=first, measure=measure)
 
     def measured_backward(self, name: str, precision: str, problem: Problem, inputs, out, grad_out, call,
                           peak_bytes: int, source_hash: str, is_ours: bool) -> None:
