@@ -110,9 +110,21 @@ phase_sanitize() {
   [ $failures -eq 0 ]
 }
 
-# A stage whose idea is the backward pass (11): its rows are of the backward (--pass bwd); its
-# forward is an earlier stage's kernel.
-is_backward_stage() { [[ $1 == 11_* ]]; }
+# The stages whose idea is the backward pass (fa_stage_features "backward" in the built library:
+# 11_backward), by number, comma-separated, asked once. Their rows are of the backward (--pass bwd);
+# their forward pass is an earlier stage's kernel (stage 08's), measured under that stage's name.
+backward_numbers=""
+backward_numbers_known=0
+backward_stages() {
+  if [ $backward_numbers_known -eq 0 ]; then
+    backward_numbers=$(python3 -c 'import sys; from fa_course import capi
+print(",".join(sorted({s.id[:2] for s in capi.Library(sys.argv[1]).stages() if s.is_cuda and s.supports("backward")})))' \
+      "$build/lib/libfa_capi.so" 2>>"$out/logs/stages.log")
+    backward_numbers_known=1
+  fi
+  echo "$backward_numbers"
+}
+is_backward_stage() { backward_stages >/dev/null; [[ ",$backward_numbers," == *",${1:0:2},"* ]]; }
 
 # One stage at one shape, appended to a CSV; a big problem gets fewer repetitions. Arguments after
 # the shape (--causal) go to the stage. A backward stage is checked on one (batch, K/V head) group
@@ -187,13 +199,10 @@ phase_memory() {
 phase_torch() {
   rm -f "$out/data/torch.csv"  # compare_torch.py adds to --out: each call of the phase starts afresh
   : >"$out/logs/torch.log"
-  # The stages with a backward pass (fa_stage_features; 11_backward): their forward pass is an
-  # earlier stage's kernel (stage 08's), measured under that stage's name, so the forward calls
-  # leave them out and the backward calls at the end measure them.
-  local backward
-  backward=$(python3 -c 'import sys; from fa_course import capi
-print(",".join(sorted({s.id[:2] for s in capi.Library(sys.argv[1]).stages() if s.is_cuda and s.supports("backward")})))' \
-    "$build/lib/libfa_capi.so" 2>>"$out/logs/torch.log")
+  # The backward stages' forward pass is an earlier stage's kernel, so the forward calls leave them
+  # out and the backward calls at the end measure them.
+  backward_stages >/dev/null
+  local backward=$backward_numbers
   forward_stages() { gpu_stages | cut -c1-2 | awk -v skip=",$backward," 'index(skip, "," $1 ",") == 0'; }
   local stages
   stages=$(forward_stages | paste -sd, -)
