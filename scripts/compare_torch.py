@@ -9,7 +9,7 @@ results schema) are merged into --out: a row replaces the one with the same key 
 dtype, causal, pass); a file with the older B,H,N,D header is rewritten in the current one.
 
 Shapes: presets (seed001, seed001-d64, seed004, sweep-d64, sweep-d128, small, gqa, mqa, decode,
-small-general), BxHxNxD, or BxHqxHkvxNqxNkxD; --kv-heads and --seq-k override Hkv and Nk of every
+decode-sweep, small-general), BxHxNxD, or BxHqxHkvxNqxNkxD; --kv-heads and --seq-k override Hkv and Nk of every
 shape. --causal on|both adds causal masking (bottom-right aligned: is_causal=True for Nq = Nk,
 causal_lower_right otherwise). A stage that does not take a shape gets an `unsupported` row with the
 library's reason.
@@ -20,6 +20,12 @@ through fa_backward_v2 after one untimed forward pass, PyTorch's backends throug
 torch.autograd.grad on the graph of one SDPA call; rows with pass = bwd, FLOPs 2.5x the forward's,
 gradients compared with a float64 backward on sampled (batch, K/V head) groups.
 
+--timing graph times every call, ours and PyTorch's, as replays of one call captured in a CUDA graph
+(the way serving engines run a decoding step) instead of plain calls from the host; the rows say
+"CUDA graph replay" in their note and go to plots/data/<gpu>/torch_graph.csv by default, beside the
+plain rows of torch.csv. Either way the L2 cache is flushed before each timed call where the inputs
+fit in it (--flush-l2 auto).
+
 Guards keep a phase inside a few minutes: a stage or backend whose calls would take longer than
 --max-call-seconds at a shape is skipped for that shape and larger ones (no row), and past
 --max-seconds the run stops; what was skipped is printed.
@@ -29,6 +35,8 @@ error; 2 when PyTorch, a GPU or the library is missing or the command line is ba
 
   python3 scripts/compare_torch.py --lib build/lib/libfa_capi.so --shapes seed001 --out torch.csv
   python3 scripts/compare_torch.py --shapes decode gqa --stages 08 --peers torch_flash,torch_default
+  python3 scripts/compare_torch.py --shapes decode-sweep --stages 12 --dtype fp16,bf16 --timing graph \
+      --peers torch_flash,torch_efficient,torch_cudnn,torch_default
   python3 scripts/compare_torch.py --pass bwd --shapes 4x16x4096x128 --stages 11 --dtype fp16,bf16 \
       --peers torch_flash,torch_cudnn,torch_efficient
 """
@@ -52,7 +60,7 @@ def die(message):
 
 
 def parse_args(argv=None):
-    from fa_course.torch_runner import DEFAULT_PEERS, PEERS, RunConfig  # no torch import at module level
+    from fa_course.torch_runner import DEFAULT_PEERS, PEERS, TIMINGS, RunConfig  # no torch import at module level
 
     defaults = RunConfig()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,11 +101,16 @@ def parse_args(argv=None):
     parser.add_argument("--flush-l2", choices=["auto", "on", "off"], default=defaults.flush_l2,
                         help="flush L2 before each timed call: auto = where the inputs fit in it (default: "
                              "%(default)s)")
+    parser.add_argument("--timing", choices=TIMINGS, default=defaults.timing,
+                        help="plain calls from the host, or replays of one call captured in a CUDA graph (rows "
+                             "noted 'CUDA graph replay', by default in torch_graph.csv) (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--list", action="store_true", help="list the library's stages and exit")
     args = parser.parse_args(argv)
     if args.warmup < 1 or args.reps < 1:
         die("--warmup and --reps must be at least 1")
+    if args.timing == "graph" and args.pass_ == "bwd":
+        die("--timing graph times the forward pass only")
     try:
         problems = shapes.parse_shapes(args.shapes)
     except ValueError as error:
@@ -118,7 +131,7 @@ def parse_args(argv=None):
     args.config = RunConfig(warmup=args.warmup, reps=args.reps, row_seconds=args.row_seconds,
                             max_call_seconds=args.max_call_seconds, max_seconds=args.max_seconds,
                             check_heads=args.check_heads, check_rows=args.check_rows, seed=args.seed,
-                            flush_l2=args.flush_l2)
+                            flush_l2=args.flush_l2, timing=args.timing)
     return args
 
 
@@ -181,7 +194,7 @@ def main(argv=None):
         runner = torch_runner.TorchRunner(library, args.config)
     except torch_runner.TorchUnavailable as error:
         die(str(error))
-    runner.out_path = args.out or torch_runner.default_out(runner.gpu)
+    runner.out_path = args.out or torch_runner.default_out(runner.gpu, timing=args.timing)
     os.makedirs(os.path.dirname(os.path.abspath(runner.out_path)), exist_ok=True)
     if os.path.exists(runner.out_path) and os.path.getsize(runner.out_path) > 0:
         try:  # a file of another kind, or with a key twice, is refused before anything runs
@@ -191,7 +204,8 @@ def main(argv=None):
     torch = runner.torch
     print(f"{runner.gpu}; PyTorch {torch.__version__} (CUDA {torch.version.cuda}); {library.path} (ABI "
           f"{library.abi_version}); stages: {', '.join(s.id for s in stages) or 'none'}; peers: "
-          f"{', '.join(peers) or 'none'}; dtypes: {', '.join(precisions)}; pass: {args.pass_}", flush=True)
+          f"{', '.join(peers) or 'none'}; dtypes: {', '.join(precisions)}; pass: {args.pass_}; timing: "
+          f"{args.timing}", flush=True)
     try:
         runner.run(args.problems, stages, peers, precisions, args.causal_modes, args.pass_)
     except torch_runner.ContextLost as error:

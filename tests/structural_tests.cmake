@@ -94,3 +94,19 @@ fa_add_structural_test(NAME "stage10: PTX overlaps S with P·V (wait_group 1) an
   PATTERN "setmaxnreg\\.inc\\.sync\\.aligned\\.u32 240")
 fa_add_spill_test(NAME "stage10: ptxas spills nothing to local memory (sm_90a)"
   STAGE 10_overlap SOURCE overlap.cu ARCH 90a)
+# Stage 12 needs sm_80: stage 08's mma.sync, ldmatrix and cp.async, now in a split-KV kernel of each
+# head-dim bucket (64, 128, 256) beside the merge kernel. O of one 16-row strip (up to 128 FP32
+# registers at D = 256) and S live in registers: no kernel may spill.
+foreach(arch 80 90)
+  fa_add_structural_test(NAME "stage12: PTX issues mma.sync, ldmatrix and cp.async in every bucket, and a merge kernel (sm_${arch})"
+    STAGE 12_split_kv SOURCE split_kv.cu ARCH ${arch}
+    PATTERN "mma\\.sync\\.aligned\\.m16n8k16\\.row\\.col\\.f32\\.f16\\.f16\\.f32"
+    PATTERN "mma\\.sync\\.aligned\\.m16n8k16\\.row\\.col\\.f32\\.bf16\\.bf16\\.f32"
+    PATTERN "ldmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.shared\\.b16"
+    PATTERN "ldmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.trans\\.shared\\.b16"
+    PATTERN "cp\\.async\\.cg\\.shared\\.global"
+    PATTERN "split_kv_kernel[A-Za-z0-9_]*Li64ELb1E" PATTERN "split_kv_kernel[A-Za-z0-9_]*Li128ELb1E"
+    PATTERN "split_kv_kernel[A-Za-z0-9_]*Li256ELb1E" PATTERN "merge_partials_kernel")
+  fa_add_spill_test(NAME "stage12: ptxas spills nothing to local memory (sm_${arch})"
+    STAGE 12_split_kv SOURCE split_kv.cu ARCH ${arch})
+endforeach()

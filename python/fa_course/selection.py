@@ -13,6 +13,10 @@ when no forward stage takes the problem. The backward pass is the latest backwar
 and takes the problem. Either may be named instead (`requested`): a stage id, folder or number, as
 Library.select takes them ("09", "10_overlap", "08_mma_registers/bf16"); the descriptor of the
 tensors' precision is taken.
+
+A decoding stage (12_split_kv) runs its own kernels only below a number of query rows (Nq < 64)
+and hands longer problems to stage 08's kernel under its own name: for those it ranks last, so a
+prefill problem on sm_90a still gets 10_overlap.
 """
 
 from __future__ import annotations
@@ -80,6 +84,18 @@ def _named(library: Library, requested: str, backend: str, precision: str) -> Li
     return matching
 
 
+# Decoding stages and the query rows from which they hand a problem to an earlier stage's kernel.
+DECODE_STAGES = {"12_split_kv": 64}
+
+
+def _decoding_last(candidates: List[Stage], problem: Problem) -> List[Stage]:
+    """`candidates` with the decoding stages that would not run their own kernel on `problem` moved last."""
+    def own_kernel(stage: Stage) -> bool:
+        threshold = DECODE_STAGES.get(stage.id.split("/")[0])
+        return threshold is None or problem.q_seq < threshold
+    return [s for s in candidates if own_kernel(s)] + [s for s in candidates if not own_kernel(s)]
+
+
 @functools.lru_cache(maxsize=256)
 def choose_stage(library: Library, pass_: str, backend: str, precision: str, problem: Problem, capability: int,
                  requested: Optional[str] = None) -> Stage:
@@ -87,7 +103,7 @@ def choose_stage(library: Library, pass_: str, backend: str, precision: str, pro
     'fp16', 'bf16') on `backend` ('cuda', with compute capability `capability`; or 'cpu'), or the one
     `requested`. UnsupportedProblem, with every candidate's reason, when none does."""
     candidates = _named(library, requested, backend, precision) if requested else \
-        _candidates(library, backend, precision, pass_)
+        _decoding_last(_candidates(library, backend, precision, pass_), problem)
     reasons: List[Tuple[str, str]] = []
     for stage in candidates:
         reason = runs_on(stage, backend, capability) or _refusal(library, stage, problem, pass_)

@@ -159,6 +159,9 @@ PRESETS: Dict[str, List[Problem]] = {
     "mqa": [Problem(4, 32, 1, 4096, 4096, 128)],
     # decoding: a few new queries against a long cache of keys and values
     "decode": [Problem(1, 32, 8, nq, nk, 128) for nk in (4096, 65536) for nq in (1, 4, 16)],
+    # the decoding sweep of stage 12 (its issue): B in {1, 4, 16}, Nq in {1, 4, 16}, Nk from 4096 to 262144
+    "decode-sweep": [Problem(b, 32, 8, nq, nk, 128) for b in (1, 4, 16) for nk in (4096, 16384, 65536, 262144)
+                     for nq in (1, 4, 16)],
     # a quick smoke test of the general shapes: groups, Nq < Nk, Nq > Nk (with causal masking the
     # first Nq - Nk rows see no key), odd sizes
     "small-general": [Problem(1, 4, 2, 64, 100, 64), Problem(2, 6, 3, 33, 257, 72), Problem(1, 8, 1, 1, 1000, 128),

@@ -98,6 +98,27 @@ def median_min_ms(torch, call, warmup: int, reps: int, before_each=None) -> Tupl
     return statistics.median(times), min(times)
 
 
+def graph_replay(torch, call: Callable[[], object]) -> Callable[[], object]:
+    """`call` captured once in a CUDA graph (after one call on a side stream, as PyTorch asks before a
+    capture): a function that replays the graph and returns what `call` returned during the capture
+    (its output tensors, which every replay rewrites). The way serving engines run a decoding step: one
+    launch of the whole graph, no per-call host work."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+
+    def replay():
+        graph.replay()
+        return captured
+
+    return replay
+
+
 class L2Flush:
     """Evicts the L2 cache by reading a buffer twice its size (reads leave no dirty lines behind to be
     written back during the timed call). For inputs that would otherwise stay in L2 between calls

@@ -1,0 +1,571 @@
+// Stage 12: decoding. The keys of each K/V head are split across blocks, and a second kernel merges
+// the blocks' partial results with the online-softmax identity (stage 04's, now between blocks).
+//
+// When a model generates text, each step attends from a few new query rows (1 for plain decoding,
+// 4 to 16 for speculative decoding or chunked prefill) to thousands or hundreds of thousands of
+// cached keys. Stage 08 gives one block to each (query tile, query head): with B·Hq·1 blocks most
+// SMs idle, and each idle SM is bandwidth left unused, since reading K and V is all the work.
+// Two changes:
+//
+//   1. Pack the query rows of a group. The Hq/Hkv query heads that share a K/V head are
+//      consecutive, so their rows are consecutive in Q: one block takes Hq/Hkv · Nq of them as one
+//      tile, and each K/V byte comes from memory once per group instead of once per query head.
+//   2. Split the keys. A K/V head's keys are cut into chunks, one block each; each writes its
+//      rows' output over its chunk, normalized, with the chunk's log-sum-exp: a partial
+//      (O_s, LSE_s). merge_partials_kernel then combines the partials of every row:
+//      O = Σ_s 2^(LSE_s − M) · O_s / Σ_s 2^(LSE_s − M), M = max_s LSE_s (README, "The merge").
+//
+// The tile, the fragments, the swizzle and the cp.async ring are stage 08's (one 16-row strip per
+// warp, Q re-read from shared memory every tile: decoding is bound by memory, not registers).
+// split_kv.hpp holds the split rule; a prefill shape (Nq >= 64) runs stage 08's kernel unchanged.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "fa/causal.hpp"
+#include "fa/cuda_check.hpp"
+#include "fa/kernel/convert.cuh"
+#include "fa/kernel/cp_async.cuh"
+#include "fa/kernel/exp2.cuh"
+#include "fa/kernel/mma.cuh"
+#include "fa/launch.hpp"
+#include "fa/problem.hpp"
+#include "fa/stage.hpp"
+#include "fa_source_hash.h"
+#include "split_kv.hpp"
+
+// sm_80 instructions (mma.sync in BF16, cp.async). Older targets compile a trap: the runner never
+// launches this stage there (its descriptor says sm_80+).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define FA_STAGE12_DEVICE_CODE 1
+#else
+#define FA_STAGE12_DEVICE_CODE 0
+#endif
+
+namespace fa::stages {
+
+StageDescriptor mma_registers_fp16();  // stage 08, for prefill shapes
+StageDescriptor mma_registers_bf16();
+
+namespace split_kv {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+KeySplit plan_split(const Problem& problem, int sm_count) {
+  if (hands_to_stage08(problem)) return {1, problem.kv_seq};
+  const int64_t base_blocks = problem.kv_heads_total() * ceil_div(problem.group_size() * problem.q_seq, kTileRows);
+  // As many splits as fit in one wave of blocks: one more would start a second, mostly empty wave.
+  const int64_t wanted = std::max<int64_t>(1, kBlocksPerSm * sm_count / base_blocks);
+  const int64_t most = std::min(kMaxSplits, std::max<int64_t>(1, problem.kv_seq / kMinChunkKeys));
+  const int64_t splits = std::min(wanted, most);
+  // Whole tiles per chunk; rounding the chunk up may leave fewer chunks than asked for.
+  const int64_t chunk_keys = ceil_div(ceil_div(problem.kv_seq, splits), kChunkAlign) * kChunkAlign;
+  return {ceil_div(problem.kv_seq, chunk_keys), chunk_keys};
+}
+
+int64_t workspace_bytes(const Problem& problem, Pass pass) {
+  if (pass != Pass::forward) return 0;
+  const KeySplit split = plan_split(problem, kMaxSmCount);
+  if (split.splits == 1) return 0;
+  return split.splits * problem.q_rows() * (problem.dim + 1) * static_cast<int64_t>(sizeof(float));
+}
+
+}  // namespace split_kv
+
+namespace {
+
+using kernel::commit_copies;
+using kernel::copy_async_16;
+using kernel::fast_exp2;
+using kernel::kLog2e;
+using kernel::load_matrices;
+using kernel::load_matrices_transposed;
+using kernel::mma_16x8x16;
+using kernel::pack_pair;
+using kernel::to_element;
+using kernel::wait_copies;
+
+constexpr int kWarpSize = 32;
+constexpr int kStripRows = 16;   // query rows per warp: the M of mma.m16n8k16
+constexpr int kChunkBytes = 16;  // one cp.async, one ldmatrix row
+constexpr int kChunkElements = kChunkBytes / 2;
+constexpr int kSwizzleRows = 8;  // the swizzle permutes the chunks of every 8 consecutive rows
+constexpr int kMaxDim = 256;
+
+// One head-dim bucket (64, 128 or 256). Four warps of one strip: 64 packed query rows. The ring
+// holds three 64-key stages up to D = 128 (112 KB at D = 128: two blocks per H100/H200 SM) and two
+// 32-key stages at D = 256 (96 KB).
+template <int kDim>
+struct Tiling {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kRows = kWarps * kStripRows;
+  static constexpr int kKeys = kDim > 128 ? 32 : 64;
+  static constexpr int kStages = kDim > 128 ? 2 : 3;
+  static constexpr int kRowBytes = kDim * 2;
+  static constexpr int kQueryTileBytes = kRows * kRowBytes;
+  static constexpr int kKvTileBytes = kKeys * kRowBytes;
+  static constexpr int kSharedBytes = kQueryTileBytes + kStages * 2 * kKvTileBytes;
+
+  static_assert(kRows == split_kv::kTileRows, "the host's split rule counts tiles of this many rows");
+  static_assert(split_kv::kChunkAlign % kKeys == 0, "a chunk is whole K/V tiles");
+  static_assert(kDim % (kSwizzleRows * kChunkElements) == 0, "a row is whole groups of 8 chunks");
+  static_assert(kSharedBytes <= 163 * 1024, "a block must fit on an A100 (sm_80) too");
+};
+
+// Stage 08's swizzle: chunk c of row r lives at chunk c ^ (r % 8), so the 8 rows of an ldmatrix
+// matrix fall in 8 different bank groups.
+template <int kChunksPerRow>
+__device__ __forceinline__ int swizzled_chunk_index(int row, int chunk) {
+  return row * kChunksPerRow + (chunk ^ (row & (kSwizzleRows - 1)));
+}
+
+#if FA_STAGE12_DEVICE_CODE
+constexpr int kMmaDepth = 16;  // the K of mma.m16n8k16: 16 dims for QKᵀ, 16 keys for PV
+constexpr int kMmaKeys = 8;    // keys (or dims) per FP32 accumulator tile: the N of mma.m16n8k16
+constexpr unsigned kFullWarp = 0xffffffffu;
+constexpr float kLn2 = 0.6931471805599453f;  // LSE = log2-sum-exp · ln 2
+
+// Loads kRows rows of a (rows × dim) matrix into a swizzled tile, zeros past `valid_rows` and past
+// `dim`. With kAsync, 16-byte cp.async copies (the caller commits and waits): consecutive threads take
+// consecutive chunks of a row, whole lines of global memory. Otherwise ordinary loads one element at
+// a time, for a head dim that is not whole 16-byte chunks or a pointer off a 16-byte boundary: a
+// rolled loop, since O already holds most registers when the ring refills.
+template <typename Element, int kDim, int kRows, bool kAsync>
+__device__ __forceinline__ void load_tile(Element* tile, const Element* source, int valid_rows, int dim) {
+  constexpr int kChunksPerRow = kDim / kChunkElements;
+  constexpr int kThreads = Tiling<kDim>::kThreads;
+  if constexpr (kAsync) {
+    static_assert(kRows * kChunksPerRow % kThreads == 0, "every thread copies the same number of chunks");
+#pragma unroll
+    for (int pass = 0; pass < kRows * kChunksPerRow / kThreads; ++pass) {
+      const int index = pass * kThreads + threadIdx.x;
+      const int row = index / kChunksPerRow;
+      const int chunk = index % kChunksPerRow;
+      const bool inside = row < valid_rows && chunk * kChunkElements < dim;
+      copy_async_16(tile + swizzled_chunk_index<kChunksPerRow>(row, chunk) * kChunkElements,
+                    inside ? source + row * dim + chunk * kChunkElements : source, inside ? kChunkBytes : 0);
+    }
+  } else {
+#pragma unroll 1
+    for (int index = threadIdx.x; index < kRows * kDim; index += kThreads) {
+      const int row = index / kDim;
+      const int column = index % kDim;
+      tile[swizzled_chunk_index<kChunksPerRow>(row, column / kChunkElements) * kChunkElements +
+           column % kChunkElements] =
+          row < valid_rows && column < dim ? source[row * dim + column] : to_element<Element>(0.0f);
+    }
+  }
+}
+
+#endif
+
+// One block: up to 64 packed query rows of one K/V head's group, against one chunk of its keys.
+// Packed row r is query head g = r / Nq of the group, query position r % Nq; the group's rows are
+// consecutive in Q and O, so packed row r is global row kv_head · (Hq/Hkv · Nq) + r.
+// With `partial_out` null (one split) the block writes O and the LSE itself; otherwise it writes
+// its chunk's normalized output and log-sum-exp (log2 units) for merge_partials_kernel.
+template <typename Element, int kDim, bool kAsync>
+__global__ void __launch_bounds__(Tiling<kDim>::kThreads)
+    split_kv_kernel(const Element* __restrict__ q, const Element* __restrict__ k, const Element* __restrict__ v,
+                    Element* __restrict__ o, float* __restrict__ lse, float* __restrict__ partial_out,
+                    float* __restrict__ partial_lse, int q_seq, int kv_seq, int dim, int packed_rows, int row_tiles,
+                    int splits, int chunk_keys, int64_t q_rows, bool causal, float scale_log2) {
+#if FA_STAGE12_DEVICE_CODE
+  using T = Tiling<kDim>;
+  constexpr int kDimSteps = kDim / kMmaDepth;
+  constexpr int kKeySteps = T::kKeys / kMmaDepth;
+  constexpr int kScoreTiles = T::kKeys / kMmaKeys;
+  constexpr int kOutTiles = kDim / kMmaKeys;
+
+  extern __shared__ __align__(128) unsigned char shared[];
+  Element* query_tile = reinterpret_cast<Element*>(shared);
+  Element* ring = reinterpret_cast<Element*>(shared + T::kQueryTileBytes);  // slot s: K, then V
+  constexpr int kTileElements = T::kKeys * kDim;
+
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int group = lane / 4;  // accumulator rows `group` and `group + 8`
+  const int quad = lane % 4;   // accumulator columns 2·quad and 2·quad + 1
+
+  // Block = (K/V head · row tiles + row tile) · splits + split: the splits of one tile are
+  // neighbours, and so are the row tiles of one head.
+  __builtin_assume(splits > 0);
+  __builtin_assume(row_tiles > 0);
+  const unsigned block = blockIdx.x;
+  const int split = static_cast<int>(block % static_cast<unsigned>(splits));
+  const unsigned head_tile = block / static_cast<unsigned>(splits);
+  const int row_tile = static_cast<int>(head_tile % static_cast<unsigned>(row_tiles));
+  const int64_t kv_head = head_tile / static_cast<unsigned>(row_tiles);
+  const int64_t head_first_row = kv_head * packed_rows;  // global row of packed row 0
+  const int tile_first_row = row_tile * T::kRows;
+  const int warp_first_row = tile_first_row + warp * kStripRows;
+  const bool warp_has_rows = warp_first_row < packed_rows;  // Hq/Hkv · Nq may not fill the tile
+
+  // The causal rule (fa/causal.hpp) reads the query position r % Nq of packed row r; the keys it sees
+  // end below this limit (at most Nk; 0 or less for a row that sees none).
+  const auto key_limit = [&](int row) { return visible_key_limit(row % q_seq, q_seq, kv_seq, causal); };
+  // The tile's rows cover query positions first..last, or every position when they wrap around.
+  const int tile_last_row = min(packed_rows, tile_first_row + T::kRows) - 1;
+  const int first_position = tile_first_row % q_seq;
+  const int last_position = tile_last_row % q_seq;
+  const bool all_positions = tile_last_row - tile_first_row + 1 >= q_seq || last_position < first_position;
+  // Keys any row of the tile sees (the chunks past them load nothing), and keys every row sees
+  // (tiles below them need no mask).
+  const int key_end = max(0, key_limit(all_positions ? q_seq - 1 : tile_last_row));
+  const int unmasked_keys = key_limit(all_positions ? 0 : tile_first_row);
+  const int chunk_begin = split * chunk_keys;
+  const int chunk_end = min(key_end, chunk_begin + chunk_keys);
+  const int tiles = chunk_end > chunk_begin ? (chunk_end - chunk_begin + T::kKeys - 1) / T::kKeys : 0;
+
+  const int64_t kv_offset = kv_head * kv_seq * dim;
+  const auto issue_kv_tile = [&](int tile) {
+    Element* key_slot = ring + 2 * (tile % T::kStages) * kTileElements;
+    const int key_base = chunk_begin + tile * T::kKeys;
+    const int valid_keys = min(T::kKeys, kv_seq - key_base);
+    const int64_t offset = kv_offset + static_cast<int64_t>(key_base) * dim;
+    load_tile<Element, kDim, T::kKeys, kAsync>(key_slot, k + offset, valid_keys, dim);
+    load_tile<Element, kDim, T::kKeys, kAsync>(key_slot + kTileElements, v + offset, valid_keys, dim);
+  };
+
+  // The prologue (stage 07's ring): Q joins the first group of copies, then all but one slot fill.
+  load_tile<Element, kDim, T::kRows, kAsync>(query_tile, q + (head_first_row + tile_first_row) * dim,
+                                             packed_rows - tile_first_row, dim);
+#pragma unroll
+  for (int tile = 0; tile < T::kStages - 1; ++tile) {
+    if (tile < tiles) issue_kv_tile(tile);
+    commit_copies();
+  }
+
+  // ldmatrix addressing, as in stage 08: Q and V (A operand, and B transposed) point lane l at row
+  // l % 16, chunk l / 16; K at key (l / 16)·8 + l % 8, chunk (l / 8) % 2. The swizzle of 16-dim step
+  // s is an XOR of 32·(s % 4) bytes plus 128 bytes per group of four steps.
+  constexpr int kStepsPerGroup = kSwizzleRows / 2;
+  constexpr int kGroupBytes = kSwizzleRows * kChunkBytes;
+  constexpr int kBlockRowBytes = kMmaDepth * T::kRowBytes;
+  const auto step_address = [](unsigned lane_address, int step) {
+    return (lane_address ^ step % kStepsPerGroup * 2 * kChunkBytes) + step / kStepsPerGroup * kGroupBytes;
+  };
+  const auto offset = [](int row, int chunk) {
+    return static_cast<unsigned>(swizzled_chunk_index<kDim / kChunkElements>(row, chunk) * kChunkBytes);
+  };
+  const unsigned key_lane_offset = offset(lane / 16 * 8 + lane % 8, lane / 8 % 2);
+  const unsigned value_lane_offset = offset(lane % 16, lane / 16);
+  const unsigned query_lane_address = static_cast<unsigned>(__cvta_generic_to_shared(query_tile)) +
+                                      warp * kStripRows * T::kRowBytes + value_lane_offset;
+  const unsigned ring_base = static_cast<unsigned>(__cvta_generic_to_shared(ring));
+
+  // O unnormalized in FP32 tiles; per row (top, bottom) the running max m (log2 units) and this
+  // lane's share of the sum l. A row that sees keys of this chunk sees its first key, in tile 0, so
+  // its max is finite from tile 0 on. A row that sees none of them (causal: its keys end before the
+  // chunk) starts at m = 0 instead of -inf, so its rescale is never 2^(-inf + inf) = NaN: its p are
+  // all 0, and it ends with l = 0.
+  float out[kOutTiles][4] = {};
+  float row_max[2];
+  float row_sum[2] = {};
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    row_max[half] = key_limit(warp_first_row + group + 8 * half) <= chunk_begin ? 0.0f : -INFINITY;
+  }
+
+#pragma unroll 1
+  for (int tile = 0; tile < tiles; ++tile) {
+    wait_copies<T::kStages - 2>();
+    __syncthreads();  // tile `tile` is visible to all; every warp is done with the slot refilled next
+    if (tile + T::kStages - 1 < tiles) issue_kv_tile(tile + T::kStages - 1);
+    commit_copies();
+    if (!warp_has_rows) continue;  // a warp of padding rows only keeps the ring going
+    const unsigned key_slot = ring_base + 2 * (tile % T::kStages) * T::kKvTileBytes;
+    const unsigned value_slot = key_slot + T::kKvTileBytes;
+    const int key_base = chunk_begin + tile * T::kKeys;
+
+    // S = Q Kᵀ, Q's fragments re-read from shared memory at every 16-dim step.
+    float scores[kScoreTiles][4] = {};
+#pragma unroll
+    for (int step = 0; step < kDimSteps; ++step) {
+      unsigned query[4];
+      load_matrices(query, step_address(query_lane_address, step));
+#pragma unroll
+      for (int pair = 0; pair < kKeySteps; ++pair) {
+        unsigned keys[4];
+        load_matrices(keys, step_address(key_slot + key_lane_offset, step) + pair * kBlockRowBytes);
+        mma_16x8x16<Element>(scores[2 * pair], query, keys[0], keys[1]);
+        mma_16x8x16<Element>(scores[2 * pair + 1], query, keys[2], keys[3]);
+      }
+    }
+
+    // Stage 08's online softmax on the fragments: mask, row max over the four lanes of a row,
+    // rescale l, p = 2^(s · scale · log2 e − m) added into l, P packed as the A fragments of P·V.
+    if (key_base + T::kKeys > unmasked_keys) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int limit = key_limit(warp_first_row + group + 8 * half);
+#pragma unroll
+        for (int j = 0; j < kScoreTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (key_base + j * kMmaKeys + 2 * quad + e >= limit) scores[j][2 * half + e] = -INFINITY;
+          }
+        }
+      }
+    }
+    float rescale[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kScoreTiles; ++j)
+        tile_max = fmaxf(tile_max, fmaxf(scores[j][2 * half], scores[j][2 * half + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 2));
+      const float new_max = fmaxf(row_max[half], tile_max * scale_log2);
+      rescale[half] = fast_exp2(row_max[half] - new_max);
+      row_max[half] = new_max;
+      row_sum[half] *= rescale[half];
+    }
+#pragma unroll
+    for (int j = 0; j < kScoreTiles; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        scores[j][e] = fast_exp2(fmaf(scores[j][e], scale_log2, -row_max[e / 2]));
+        row_sum[e / 2] += scores[j][e];
+      }
+    }
+    unsigned probs[kKeySteps][4];
+#pragma unroll
+    for (int j = 0; j < kKeySteps; ++j) {
+      probs[j][0] = pack_pair<Element>(scores[2 * j][0], scores[2 * j][1]);
+      probs[j][1] = pack_pair<Element>(scores[2 * j][2], scores[2 * j][3]);
+      probs[j][2] = pack_pair<Element>(scores[2 * j + 1][0], scores[2 * j + 1][1]);
+      probs[j][3] = pack_pair<Element>(scores[2 * j + 1][2], scores[2 * j + 1][3]);
+    }
+#pragma unroll
+    for (int n = 0; n < kOutTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) out[n][e] *= rescale[e / 2];
+    }
+
+    // O += P V.
+#pragma unroll
+    for (int j = 0; j < kKeySteps; ++j) {
+#pragma unroll
+      for (int pair = 0; pair < kDimSteps; ++pair) {
+        unsigned values[4];
+        load_matrices_transposed(values, step_address(value_slot + value_lane_offset, pair) + j * kBlockRowBytes);
+        mma_16x8x16<Element>(out[2 * pair], probs[j], values[0], values[1]);
+        mma_16x8x16<Element>(out[2 * pair + 1], probs[j], values[2], values[3]);
+      }
+    }
+  }
+  wait_copies<0>();  // no copy may still be writing shared memory when the block exits
+
+  // The whole l of each row: the four lanes of the row add their shares (every lane takes part,
+  // before any lane leaves for a padding row).
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    row_sum[half] += __shfl_xor_sync(kFullWarp, row_sum[half], 1);
+    row_sum[half] += __shfl_xor_sync(kFullWarp, row_sum[half], 2);
+  }
+  // The block's rows, normalized by l (0 for a row that saw no key of the chunk: it writes zeros).
+  // One split: O in the element type and the LSE in natural-log units. Several: FP32 O_s and
+  // LSE_s in log2 units, row `row` of split s at s · (B·Hq·Nq) + row.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float sum = row_sum[half];
+    const int row = warp_first_row + group + 8 * half;
+    if (row >= packed_rows) continue;
+    const float inverse_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
+    const float log2_sum_exp = sum > 0.0f ? row_max[half] + log2f(sum) : -INFINITY;
+    const int64_t global_row = head_first_row + row;
+    const int64_t partial_row = split * q_rows + global_row;
+#pragma unroll
+    for (int n = 0; n < kOutTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int column = n * kMmaKeys + 2 * quad + e;
+        if (column >= dim) continue;
+        const float value = out[n][2 * half + e] * inverse_sum;
+        if (partial_out == nullptr) {
+          o[global_row * dim + column] = to_element<Element>(value);
+        } else {
+          partial_out[partial_row * dim + column] = value;
+        }
+      }
+    }
+    if (quad != 0) continue;
+    if (partial_out == nullptr) {
+      if (lse != nullptr) lse[global_row] = log2_sum_exp * kLn2;
+    } else {
+      partial_lse[partial_row] = log2_sum_exp;
+    }
+  }
+#else
+  __trap();  // never launched: the runner refuses GPUs older than sm_80 (the descriptor's architecture)
+#endif
+}
+
+constexpr int kMergeWarps = 4;  // one warp per row
+
+// Row `row` of O from its `splits` partials: (O_s, LSE_s) with O_s normalized over chunk s and
+// LSE_s = m_s + log2 l_s. Each lane holds dims lane, lane + 32, ... and LSE_s of splits lane,
+// lane + 32, ...
+template <typename Element, int kDim>
+__global__ void __launch_bounds__(kMergeWarps* kWarpSize)
+    merge_partials_kernel(const float* __restrict__ partial_out, const float* __restrict__ partial_lse,
+                          Element* __restrict__ o, float* __restrict__ lse, int64_t q_rows, int dim, int splits) {
+#if FA_STAGE12_DEVICE_CODE
+  constexpr int kDimsPerLane = kDim / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / kWarpSize;
+  if (row >= q_rows) return;  // the whole warp: its row does not exist
+
+  float merged[kDimsPerLane] = {};  // Σ_s w_s · O_s for this lane's dims
+  float row_max = -INFINITY;        // M = max_s LSE_s
+  float row_sum = 0.0f;             // Σ_s w_s, w_s = 2^(LSE_s − M)
+  // EXERCISE BEGIN: merge the partials of one row (stage 04's rescale, now between blocks)
+  // Every block has finished, so M is known before any sum: the max first, then each partial
+  // weighed by w_s. A chunk that saw no key of the row has LSE_s = -inf and weighs nothing; a row
+  // that sees no key at all has M = -inf, and weighs every chunk 2^(-inf - 0) = 0 instead of NaN.
+  constexpr int kMaxSplitsPerLane = static_cast<int>(split_kv::kMaxSplits) / kWarpSize;  // 4
+  float split_lse[kMaxSplitsPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxSplitsPerLane; ++i) {
+    const int split = i * kWarpSize + lane;
+    split_lse[i] = split < splits ? partial_lse[split * q_rows + row] : -INFINITY;
+    row_max = fmaxf(row_max, split_lse[i]);
+  }
+#pragma unroll
+  for (int width = kWarpSize / 2; width > 0; width /= 2)
+    row_max = fmaxf(row_max, __shfl_xor_sync(kFullWarp, row_max, width));
+  const float shift = row_max == -INFINITY ? 0.0f : row_max;
+#pragma unroll
+  for (int i = 0; i < kMaxSplitsPerLane; ++i) {
+    split_lse[i] = fast_exp2(split_lse[i] - shift);  // now the weight w_s
+    row_sum += split_lse[i];
+  }
+#pragma unroll
+  for (int width = kWarpSize / 2; width > 0; width /= 2) row_sum += __shfl_xor_sync(kFullWarp, row_sum, width);
+#pragma unroll
+  for (int i = 0; i < kMaxSplitsPerLane; ++i) {
+    const int splits_here = min(kWarpSize, splits - i * kWarpSize);  // splits held by the lanes' register i
+#pragma unroll 2
+    for (int from = 0; from < splits_here; ++from) {
+      const float weight = __shfl_sync(kFullWarp, split_lse[i], from);
+      const float* partial = partial_out + ((i * kWarpSize + from) * q_rows + row) * dim;
+#pragma unroll
+      for (int d = 0; d < kDimsPerLane; ++d) {
+        const int column = d * kWarpSize + lane;
+        if (column < dim) merged[d] = fmaf(weight, partial[column], merged[d]);
+      }
+    }
+  }
+  // EXERCISE END
+  const float inverse_sum = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+#pragma unroll
+  for (int d = 0; d < kDimsPerLane; ++d) {
+    const int column = d * kWarpSize + lane;
+    if (column < dim) o[row * dim + column] = to_element<Element>(merged[d] * inverse_sum);
+  }
+  if (lse != nullptr && lane == 0) lse[row] = row_sum > 0.0f ? (row_max + log2f(row_sum)) * kLn2 : -INFINITY;
+#else
+  __trap();
+#endif
+}
+
+template <typename Element, int kDim, bool kAsync>
+Status launch(const ForwardArgs& args, const split_kv::KeySplit& split) {
+  using T = Tiling<kDim>;
+  const Problem& problem = args.problem;
+  const auto kernel = &split_kv_kernel<Element, kDim, kAsync>;
+  FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
+  const int64_t packed_rows = problem.group_size() * problem.q_seq;
+  const int64_t row_tiles = (packed_rows + T::kRows - 1) / T::kRows;
+  FA_STATUS_TRY(check_grid(problem.kv_heads_total() * row_tiles * split.splits));
+  const bool merge = split.splits > 1;
+  float* partial_out = merge ? static_cast<float*>(args.workspace) : nullptr;
+  float* partial_lse = merge ? partial_out + split.splits * problem.q_elements() : nullptr;
+  const float scale_log2 = softmax_scale(problem) * kLog2e;
+  // Every count fits an int: the runner checked the problem against validate_problem's limits.
+  const auto blocks = static_cast<unsigned>(problem.kv_heads_total() * row_tiles * split.splits);
+  kernel<<<blocks, T::kThreads, T::kSharedBytes, args.stream>>>(
+      static_cast<const Element*>(args.q), static_cast<const Element*>(args.k), static_cast<const Element*>(args.v),
+      static_cast<Element*>(args.o), args.lse, partial_out, partial_lse, static_cast<int>(problem.q_seq),
+      static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim), static_cast<int>(packed_rows),
+      static_cast<int>(row_tiles), static_cast<int>(split.splits), static_cast<int>(split.chunk_keys), problem.q_rows(),
+      problem.causal, scale_log2);
+  FA_LAUNCH_TRY();
+  if (!merge) return Status();
+  const auto merge_blocks = static_cast<unsigned>((problem.q_rows() + kMergeWarps - 1) / kMergeWarps);
+  merge_partials_kernel<Element, kDim><<<merge_blocks, kMergeWarps * kWarpSize, 0, args.stream>>>(
+      partial_out, partial_lse, static_cast<Element*>(args.o), args.lse, problem.q_rows(),
+      static_cast<int>(problem.dim), static_cast<int>(split.splits));
+  FA_LAUNCH_TRY();
+  return Status();
+}
+
+template <typename Element>
+Status forward(const ForwardArgs& args) {
+  const Problem& problem = args.problem;
+  if (split_kv::hands_to_stage08(problem)) {
+    const StageDescriptor stage08 = std::is_same_v<Element, __half> ? mma_registers_fp16() : mma_registers_bf16();
+    return stage08.forward(args);
+  }
+  int device = 0;
+  int sm_count = 0;
+  FA_STATUS_TRY(Status::cuda(cudaGetDevice(&device)));
+  FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device)));
+  const split_kv::KeySplit split = split_kv::plan_split(problem, std::min(sm_count, split_kv::kMaxSmCount));
+  if (split.splits > 1 && args.workspace == nullptr) {
+    return Status::unsupported("stage 12 needs its workspace for the partial results of a split");
+  }
+  // cp.async needs whole 16-byte chunks: a head dim that is a multiple of 8 and aligned rows.
+  const bool async_copies = problem.dim % kChunkElements == 0 && all_aligned16({args.q, args.k, args.v});
+  return dispatch_head_dim<64, 128, kMaxDim>(problem.dim, [&](auto bucket) {
+    constexpr int kDim = decltype(bucket)::value;
+    return async_copies ? launch<Element, kDim, true>(args, split) : launch<Element, kDim, false>(args, split);
+  });
+}
+
+StageDescriptor describe(Precision precision, ForwardFn forward_function, const char* title) {
+  StageDescriptor stage;
+  stage.id = "12_split_kv";
+  stage.title = title;
+  stage.backend = Backend::cuda;
+  stage.precision = precision;
+  stage.forward = forward_function;
+  stage.workspace_bytes = &split_kv::workspace_bytes;
+  stage.max_dim = kMaxDim;
+  stage.architecture = {80, false};  // BF16 mma.m16n8k16 and cp.async
+  stage.features.causal = true;
+  stage.features.grouped = true;
+  stage.features.rectangular = true;
+  stage.features.lse = true;
+  stage.features.backward = false;
+  stage.trace = nullptr;
+  stage.kv_passes = 1.0;
+  stage.source_hash = FA_SOURCE_HASH;
+  return stage;
+}
+
+}  // namespace
+
+StageDescriptor split_kv_fp16() {
+  return describe(Precision::fp16, &forward<__half>,
+                  "split-KV decoding: a group's query rows packed, keys split across blocks, partials merged (FP16)");
+}
+
+StageDescriptor split_kv_bf16() {
+  return describe(Precision::bf16, &forward<__nv_bfloat16>,
+                  "split-KV decoding: a group's query rows packed, keys split across blocks, partials merged (BF16)");
+}
+
+}  // namespace fa::stages
