@@ -15,6 +15,7 @@
 #             attention for the stages that take it           -> OUTDIR/data/results.csv
 #   memory    one run per N = 2^10 .. 2^20 per GPU stage (2^18 for 02-04) -> OUTDIR/data/memory.csv
 #   torch     PyTorch's SDPA backends beside our stages        -> OUTDIR/data/torch.csv
+#             (a decoding stage's calls also replayed from a CUDA graph -> OUTDIR/data/torch_graph.csv)
 #   ceilings  SGEMM, FP16 tensor-core matmul, copy bandwidth   -> OUTDIR/data/ceilings.csv
 #   traffic   ncu DRAM and L2 bytes per stage                  -> OUTDIR/data/traffic.csv
 #   exercises every stage's untouched student copy must fail its tests (scripts/check_exercises.sh)
@@ -88,11 +89,16 @@ phase_test() {
 phase_sanitize() {
   local failures=0 runs=0
   for stage in $(gpu_stages); do
-    local pass=()
+    local pass=() shapes=("--batch 2 --heads 1 --seq 150 --dim 72" "--batch 1 --heads 2 --seq 70 --dim 128"
+      "--batch 1 --heads 2 --seq 150 --dim 64 --causal")
     is_backward_stage "$stage" && pass=(--pass bwd)
+    # A decoding stage: split keys and a merge (D = 128, 100 on the synchronous copies, 256), and
+    # enough query rows to fill the GPU without a split (one block writes O itself).
+    is_decode_stage "$stage" && shapes=("--heads 32 --kv-heads 8 --seq 4 --seq-k 5000 --dim 128 --causal --lse"
+      "--batch 2 --heads 8 --kv-heads 2 --seq 5 --seq-k 3001 --dim 100 --causal --lse"
+      "--heads 16 --kv-heads 2 --seq 7 --seq-k 900 --dim 256 --lse" "--batch 64 --heads 8 --kv-heads 4 --seq 3 --seq-k 700 --dim 64")
     for tool in memcheck racecheck synccheck initcheck; do
-      for shape in "--batch 2 --heads 1 --seq 150 --dim 72" "--batch 1 --heads 2 --seq 70 --dim 128" \
-        "--batch 1 --heads 2 --seq 150 --dim 64 --causal"; do
+      for shape in "${shapes[@]}"; do
         runs=$((runs + 1))
         # shellcheck disable=SC2086
         if ! compute-sanitizer --tool "$tool" --error-exitcode 1 "$bin/$stage" $shape "${pass[@]}" --warmup 0 --reps 1 \
@@ -126,6 +132,14 @@ print(",".join(sorted({s.id[:2] for s in capi.Library(sys.argv[1]).stages() if s
 }
 is_backward_stage() { backward_stages >/dev/null; [[ ",$backward_numbers," == *",${1:0:2},"* ]]; }
 
+# The decoding stages (fa_course.selection.DECODE_STAGES: 12_split_kv), by number, comma-separated.
+# They run their own kernel only for a few query rows against many keys and hand a square problem
+# to an earlier stage's kernel, so they are benched, sanitized and compared on decode shapes, and
+# left out of the square sweeps, the memory sweep and the forward traffic model.
+decode_numbers=$(python3 -c 'from fa_course.selection import DECODE_STAGES
+print(",".join(sorted(s[:2] for s in DECODE_STAGES)))')
+is_decode_stage() { [[ ",$decode_numbers," == *",${1:0:2},"* ]]; }
+
 # One stage at one shape, appended to a CSV; a big problem gets fewer repetitions. Arguments after
 # the shape (--causal) go to the stage. A backward stage is checked on one (batch, K/V head) group
 # up to N = 2048 (the double reference backward of a group costs 12·N²·D) and timed alone above.
@@ -145,6 +159,22 @@ phase_bench() {
   local csv="$out/data/results.csv" failed=0
   rm -f "$csv"
   for stage in $(gpu_stages); do
+    if is_decode_stage "$stage"; then
+      # Decoding: Hq = 32, Hkv = 8, D = 128, Nq query rows per sequence against a cache of Nk keys
+      # (from 65536 keys, K and V outgrow L2 many times over: the stage's CLI does not flush L2, the
+      # torch phase does, at every Nk); and one square shape, which the stage hands to an earlier
+      # stage's kernel.
+      for b in 1 4 16; do
+        for nk in 65536 262144; do
+          for nq in 1 4 16; do
+            run_point "$csv" "$stage" $b 32 $nq 128 --kv-heads 8 --seq-k $nk || failed=$((failed + 1))
+          done
+          run_point "$csv" "$stage" $b 32 16 128 --kv-heads 8 --seq-k $nk --causal || failed=$((failed + 1))
+        done
+      done
+      run_point "$csv" "$stage" 4 16 4096 128 || failed=$((failed + 1))
+      continue
+    fi
     for n in 512 1024 2048 4096 8192 16384; do
       run_point "$csv" "$stage" $((16384 / n)) 16 $n 128 || failed=$((failed + 1))
       run_point "$csv" "$stage" $((16384 / n)) 16 $n 128 --causal || failed=$((failed + 1))
@@ -166,6 +196,7 @@ phase_bench() {
   # = 32), B = 1, D = 128: N = 4096 for the GPU stages that take general shapes (08 and later), N =
   # 1024 for the CPU stage (its cost).
   for stage in 01_cpu $(gpu_stages | awk '$1 >= "08"'); do
+    is_decode_stage "$stage" && continue
     local n=4096
     [ "$stage" = 01_cpu ] && n=1024
     for kv_heads in 32 8 1; do
@@ -181,6 +212,7 @@ phase_memory() {
   local csv="$out/data/memory.csv"
   rm -f "$csv"
   for stage in $(gpu_stages); do
+    is_decode_stage "$stage" && continue  # its memory: the inputs and its partials (torch rows' peak_bytes)
     # The CUDA-core stages 02-04 would take minutes per call past N = 2^18 (03: about 2 min at
     # 2^20) and show nothing new there: 02 is out of memory from 2^18, 03 and 04 stay linear.
     local top=20
@@ -202,13 +234,19 @@ phase_torch() {
   # The backward stages' forward pass is an earlier stage's kernel, so the forward calls leave them
   # out and the backward calls at the end measure them.
   backward_stages >/dev/null
-  local backward=$backward_numbers
-  forward_stages() { gpu_stages | cut -c1-2 | awk -v skip=",$backward," 'index(skip, "," $1 ",") == 0'; }
+  # Those of FA_STAGES, by number.
+  only_stages() { gpu_stages | cut -c1-2 | awk -v keep=",$1," 'index(keep, "," $1 ",") > 0' | paste -sd, -; }
+  local backward decode
+  backward=$(only_stages "$backward_numbers")
+  decode=$(only_stages "$decode_numbers")
+  forward_stages() { gpu_stages | cut -c1-2 | awk -v skip=",$backward,$decode_numbers," 'index(skip, "," $1 ",") == 0'; }
   local stages
   stages=$(forward_stages | paste -sd, -)
-  python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --shapes seed001 seed004 \
-    --stages "$stages" --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1
-  local status=$?
+  local status=0
+  if [ -n "$stages" ]; then
+    python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --shapes seed001 seed004 \
+      --stages "$stages" --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 || status=1
+  fi
   # The 16-bit stages (07 and later) beside PyTorch's fused backends at D = 64 and, on the
   # seed001 shapes, with causal masking (is_causal=True).
   local fast
@@ -258,7 +296,21 @@ phase_torch() {
       --peers torch_flash,torch_cudnn,torch_efficient --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
       status=1
   fi
-  note "torch: $([ $status -eq 0 ] && echo ok || echo FAILED) ($(($(wc -l <"$out/data/torch.csv" 2>/dev/null || echo 1) - 1)) rows)"
+  # The decoding stages at the decode sweep (B in {1, 4, 16}, Nq in {1, 4, 16}, Nk = 4096 .. 262144),
+  # FP16 and BF16, beside every backend: plain calls (torch.csv), then each call replayed from a CUDA
+  # graph as serving engines run it (torch_graph.csv).
+  if [ -n "$decode" ]; then
+    rm -f "$out/data/torch_graph.csv"
+    local timing file
+    for timing in plain graph; do
+      file=torch.csv
+      [ $timing = graph ] && file=torch_graph.csv
+      python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --shapes decode-sweep --timing $timing \
+        --stages "$decode" --dtype fp16,bf16 --peers torch_flash,torch_cudnn,torch_efficient,torch_default \
+        --out "$out/data/$file" >>"$out/logs/torch.log" 2>&1 || status=1
+    done
+  fi
+  note "torch: $([ $status -eq 0 ] && echo ok || echo FAILED) ($(($(wc -l <"$out/data/torch.csv" 2>/dev/null || echo 1) - 1)) rows, $(($(wc -l <"$out/data/torch_graph.csv" 2>/dev/null || echo 1) - 1)) graph-timed)"
   return $status
 }
 

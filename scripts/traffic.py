@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 from fa_course import capi, results  # noqa: E402
 from fa_course.schema import ELEMENT_BYTES  # noqa: E402
+from fa_course.selection import DECODE_STAGES  # noqa: E402
 from fa_course.shapes import Problem, parse_problem  # noqa: E402
 
 METRICS = ["dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum"]
@@ -246,6 +247,11 @@ def main():
     backward_only = [f for f in facts if "backward" in facts[f].features]
     for folder in backward_only:
         print(f"  {folder}: left out (a backward stage: its forward is an earlier stage's kernel)")
+        del facts[folder]
+    # A decoding stage runs its own kernel only for a few query rows; at the model's square shapes it
+    # hands the problem to an earlier stage's kernel, measured under that stage's name.
+    for folder in [f for f in facts if f in DECODE_STAGES]:
+        print(f"  {folder}: left out (a decoding stage: square shapes run an earlier stage's kernel)")
         del facts[folder]
     executables = [p for p in executables if os.path.basename(p) in facts]
     if not executables:

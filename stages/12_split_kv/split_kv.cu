@@ -413,11 +413,13 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
 #endif
 }
 
-constexpr int kMergeWarps = 4;  // one warp per row
+constexpr int kMergeWarps = 4;        // one warp per row
+constexpr int kPartialsInFlight = 8;  // partial rows loaded before the first is used
 
 // Row `row` of O from its `splits` partials: (O_s, LSE_s) with O_s normalized over chunk s and
-// LSE_s = m_s + log2 l_s. Each lane holds dims lane, lane + 32, ... and LSE_s of splits lane,
-// lane + 32, ...
+// LSE_s = m_s + log2 l_s. Each lane holds dims lane, lane + 32, ... The merge reads every partial
+// once and is bound by the latency of those reads, not their bytes: the loads of kPartialsInFlight
+// splits are issued before any is used, so a row costs splits / kPartialsInFlight round trips.
 template <typename Element, int kDim>
 __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
     merge_partials_kernel(const float* __restrict__ partial_out, const float* __restrict__ partial_lse,
@@ -425,7 +427,8 @@ __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
 #if FA_STAGE12_DEVICE_CODE
   constexpr int kDimsPerLane = kDim / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + threadIdx.x / kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + warp;
   if (row >= q_rows) return;  // the whole warp: its row does not exist
 
   float merged[kDimsPerLane] = {};  // Σ_s w_s · O_s for this lane's dims
@@ -435,8 +438,9 @@ __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
   // Every block has finished, so M is known before any sum: the max first, then each partial
   // weighed by w_s. A chunk that saw no key of the row has LSE_s = -inf and weighs nothing; a row
   // that sees no key at all has M = -inf, and weighs every chunk 2^(-inf - 0) = 0 instead of NaN.
-  constexpr int kMaxSplitsPerLane = static_cast<int>(split_kv::kMaxSplits) / kWarpSize;  // 4
-  float split_lse[kMaxSplitsPerLane];
+  constexpr int kMaxSplitsPerLane = static_cast<int>(split_kv::kMaxSplits) / kWarpSize;
+  __shared__ float split_weights[kMergeWarps][split_kv::kMaxSplits];
+  float split_lse[kMaxSplitsPerLane];  // LSE_s of splits lane, lane + 32, ...
 #pragma unroll
   for (int i = 0; i < kMaxSplitsPerLane; ++i) {
     const int split = i * kWarpSize + lane;
@@ -449,23 +453,30 @@ __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
   const float shift = row_max == -INFINITY ? 0.0f : row_max;
 #pragma unroll
   for (int i = 0; i < kMaxSplitsPerLane; ++i) {
-    split_lse[i] = fast_exp2(split_lse[i] - shift);  // now the weight w_s
-    row_sum += split_lse[i];
+    const float weight = fast_exp2(split_lse[i] - shift);
+    row_sum += weight;
+    split_weights[warp][i * kWarpSize + lane] = weight;
   }
 #pragma unroll
   for (int width = kWarpSize / 2; width > 0; width /= 2) row_sum += __shfl_xor_sync(kFullWarp, row_sum, width);
+  __syncwarp();  // every lane's weights are in shared memory
+#pragma unroll 1
+  for (int first = 0; first < splits; first += kPartialsInFlight) {
+    float partial[kPartialsInFlight][kDimsPerLane];
 #pragma unroll
-  for (int i = 0; i < kMaxSplitsPerLane; ++i) {
-    const int splits_here = min(kWarpSize, splits - i * kWarpSize);  // splits held by the lanes' register i
-#pragma unroll 2
-    for (int from = 0; from < splits_here; ++from) {
-      const float weight = __shfl_sync(kFullWarp, split_lse[i], from);
-      const float* partial = partial_out + ((i * kWarpSize + from) * q_rows + row) * dim;
+    for (int j = 0; j < kPartialsInFlight; ++j) {
+      const float* split_row = partial_out + ((first + j) * q_rows + row) * dim;
 #pragma unroll
       for (int d = 0; d < kDimsPerLane; ++d) {
         const int column = d * kWarpSize + lane;
-        if (column < dim) merged[d] = fmaf(weight, partial[column], merged[d]);
+        partial[j][d] = first + j < splits && column < dim ? split_row[column] : 0.0f;
       }
+    }
+#pragma unroll
+    for (int j = 0; j < kPartialsInFlight; ++j) {
+      const float weight = split_weights[warp][min(first + j, splits - 1)];
+#pragma unroll
+      for (int d = 0; d < kDimsPerLane; ++d) merged[d] = fmaf(weight, partial[j][d], merged[d]);
     }
   }
   // EXERCISE END
