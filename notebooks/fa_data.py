@@ -4,11 +4,12 @@ ones, and save figures that are never empty.
 
 The data folder is plots/data/<gpu>/ (one per GPU), design.md's "one coherent data set per GPU":
 results.csv (the stage executables' benchmark), memory.csv (the memory sweep), torch.csv (our stages
-and PyTorch's SDPA backends on the same tensors), ceilings.csv, traffic.csv, env.txt. Rows have the
-general-shape columns (B, Hq, Hkv, Nq, Nk, D, ..., pass); files of the square era (B, H, N, D) are
-converted on read. Within a kind a key is unique (fa_course.data.check); a notebook that reads
-several kinds names their order, and where a key is in more than one, the first kind's row is used
-and the notebook says how many.
+and PyTorch's SDPA backends on the same tensors), torch_graph.csv (the same for decoding, each call
+timed as a CUDA graph replay), ceilings.csv, traffic.csv, env.txt. Rows have the general-shape
+columns (B, Hq, Hkv, Nq, Nk, D, ..., pass); files of the square era (B, H, N, D) are converted on
+read. Within a kind a key is unique (fa_course.data.check); a notebook that reads several kinds
+names their order, and where a key is in more than one, the first kind's row is used and the
+notebook says how many.
 """
 
 import glob
@@ -91,9 +92,9 @@ def flops(frame):
 
 
 def load_results(data_dir, kinds=("torch", "results")):
-    """The results rows of `kinds` (of results, memory, torch) as one frame with a `flops` column
-    and `file` naming the kind's file. A key in several kinds is taken from the first kind listed,
-    said out loud. None when there are no rows."""
+    """The results rows of `kinds` (of results, memory, torch, torch_graph) as one frame with a
+    `flops` column and `file` naming the kind's file. A key in several kinds is taken from the first
+    kind listed, said out loud. None when there are no rows."""
     data = load(data_dir)
     frames = [_frame(data[kind], kind) for kind in kinds if data[kind]]
     if not frames:

@@ -4,12 +4,15 @@ machine; the notebooks turn what it reads into pandas frames.
 
 A data folder holds one file per kind:
 
-  results.csv   the benchmark rows of the stage executables (the GPU suite's bench phase)
-  memory.csv    the memory sweep: one run per N, single timings
-  torch.csv     our stages and PyTorch's SDPA backends on the same tensors
-  ceilings.csv  the device's measured ceilings
-  traffic.csv   DRAM and L2 bytes measured with Nsight Compute
-  env.txt       date, GPU, driver, CUDA and the source hashes of the run that wrote it
+  results.csv      the benchmark rows of the stage executables (the GPU suite's bench phase)
+  memory.csv       the memory sweep: one run per N, single timings
+  torch.csv        our stages and PyTorch's SDPA backends on the same tensors
+  torch_graph.csv  our decoding stage and PyTorch's backends on the same tensors, each call timed as
+                   a CUDA graph replay (scripts/compare_torch.py --timing graph): torch.csv's key
+                   in a file of its own, so a graph-timed row never replaces a plain one
+  ceilings.csv     the device's measured ceilings
+  traffic.csv      DRAM and L2 bytes measured with Nsight Compute
+  env.txt          date, GPU, driver, CUDA and the source hashes of the run that wrote it
 
 and, besides, the stages' walkthrough output (walkthrough_NN.txt), Nsight Compute reports (ncu/),
 the training example's loss curves and log (training/: scripts/train_attention.py --csv, drawn by
@@ -62,6 +65,7 @@ KINDS = {
     "results": Kind("results", "results"),
     "memory": Kind("memory", "results"),
     "torch": Kind("torch", "results"),
+    "torch_graph": Kind("torch_graph", "results"),
     "ceilings": Kind("ceilings", "ceilings"),
     "traffic": Kind("traffic", "traffic"),
 }
@@ -137,7 +141,8 @@ def classify(folder):
             if stem in KINDS:
                 found[stem] = path
                 continue
-            kind = next((k for k in KINDS if re.match(rf"^{k}[-_.]", stem)), None)
+            # the longest kind it extends: torch_graph_call2 is a second torch_graph, not a second torch
+            kind = max((k for k in KINDS if re.match(rf"^{k}[-_.]", stem)), key=len, default=None)
             header = _header(path)
             alike = [k.file for k in KINDS.values() if header == k.columns or header in k.legacy]
             if kind:
@@ -272,7 +277,8 @@ def stale(folder, root=REPO):
     stages = {stage_folder(r["stage"]) for rows in data.values() for r in rows
               if "stage" in r and r["stage"] not in schema.PEERS}
     now = current_hashes(stages, root)
-    for name in ("results", "memory", "torch"):  # traffic rows carry no source_hash
+    # the kinds of results rows (traffic rows carry no source_hash)
+    for name in (k for k, kind in KINDS.items() if kind.schema_kind == "results"):
         by_stage = {}
         for row in data[name]:
             if row["stage"] in schema.PEERS:

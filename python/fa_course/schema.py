@@ -69,3 +69,11 @@ def minimum_bytes(batch, q_heads, kv_heads, q_seq, kv_seq, dim, dtype, pass_="fw
     forward = 2 * q_bytes + 2 * kv_bytes + (lse_bytes if with_lse else 0)
     backward = 4 * q_bytes + 4 * kv_bytes + lse_bytes
     return {"fwd": forward, "bwd": backward, "fwd+bwd": forward + backward}[pass_]
+
+
+def bandwidth_floor_ms(batch, q_heads, kv_heads, q_seq, kv_seq, dim, dtype, copy_gbps, pass_="fwd"):
+    """The time minimum_bytes take at the measured copy bandwidth (ceilings.csv's copy_bandwidth, in
+    GB/s of bytes read plus written). A memory-bound kernel (decoding, where the bytes are essentially
+    K and V) comes close, and may pass it by some percent: a stream of reads alone runs faster than a
+    copy's mix of reads and writes."""
+    return minimum_bytes(batch, q_heads, kv_heads, q_seq, kv_seq, dim, dtype, pass_) / (copy_gbps * 1e9) * 1e3

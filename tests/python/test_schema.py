@@ -106,6 +106,24 @@ class MinimumBytes(unittest.TestCase):
         self.assertGreater(kv_bytes / total, 0.99)
 
 
+class BandwidthFloor(unittest.TestCase):
+    def test_decode_moves_q_k_v_and_o_at_the_copy_bandwidth(self):
+        b, hq, hkv, nq, nk, d = 16, 32, 8, 4, 65536, 128
+        q_and_o = 2 * b * hq * nq * d * 2
+        k_and_v = 2 * b * hkv * nk * d * 2
+        self.assertAlmostEqual(schema.bandwidth_floor_ms(b, hq, hkv, nq, nk, d, "fp16", 4000.0),
+                               (q_and_o + k_and_v) / 4000e9 * 1e3)
+
+    def test_one_gigabyte_at_a_thousand_gigabytes_per_second_is_one_millisecond(self):
+        # Q, K, V and O of 2.5e8 bytes each
+        self.assertAlmostEqual(schema.bandwidth_floor_ms(1, 1, 1, 125, 125, 10**6, "fp16", 1000.0), 1.0)
+
+    def test_it_is_minimum_bytes_of_the_pass(self):
+        for pass_ in schema.PASSES:
+            self.assertAlmostEqual(schema.bandwidth_floor_ms(2, 8, 2, 100, 300, 64, "bf16", 2000.0, pass_),
+                                   schema.minimum_bytes(2, 8, 2, 100, 300, 64, "bf16", pass_) / 2e12 * 1e3)
+
+
 class Columns(unittest.TestCase):
     def test_keys_are_columns(self):
         self.assertTrue(set(schema.RESULTS_KEY) <= set(schema.RESULTS_COLUMNS))

@@ -1,0 +1,89 @@
+"""The data folder (python/fa_course/data.py): one file per kind, torch_graph.csv among the kinds."""
+
+import os
+import tempfile
+import unittest
+
+import _support  # noqa: F401  (puts the package on sys.path)
+from fa_course import data, results
+
+
+def row(stage, ms, note="", **shape):
+    fields = dict(stage=stage, gpu="NVIDIA H200", B=1, Hq=32, Hkv=8, Nq=1, Nk=4096, D=128, dtype="fp16", causal=0,
+                  status="ok", ms_median=ms, note=note)
+    fields["pass"] = "fwd"
+    fields.update(shape)
+    return results.make_row(**fields)
+
+
+class Folder(unittest.TestCase):
+    def setUp(self):
+        self.temporary = tempfile.TemporaryDirectory()
+        self.addCleanup(self.temporary.cleanup)
+
+    def folder(self, name, files):
+        """A data folder holding `files` ({file name: rows})."""
+        path = os.path.join(self.temporary.name, name)
+        os.makedirs(path)
+        for file, rows in files.items():
+            results.write_results(os.path.join(path, file), rows)
+        return path
+
+
+class GraphTimedRows(Folder):
+    """Rows timed as CUDA graph replays (compare_torch.py --timing graph) have a file of their own."""
+
+    def test_check_accepts_torch_graph_beside_torch(self):
+        folder = self.folder("run", {"torch.csv": [row("torch_flash", 0.0216)],
+                                     "torch_graph.csv": [row("torch_flash", 0.0215, "CUDA graph replay")]})
+        self.assertEqual(data.check(folder), {"torch": 1, "torch_graph": 1})
+
+    def test_the_same_key_in_torch_and_torch_graph_is_no_duplicate(self):
+        folder = self.folder("run", {"torch.csv": [row("torch_cudnn", 0.0149)],
+                                     "torch_graph.csv": [row("torch_cudnn", 0.0143, "CUDA graph replay")]})
+        loaded = data.load(folder)
+        self.assertEqual([r["ms_median"] for r in loaded["torch"]], ["0.0149"])
+        self.assertEqual([r["ms_median"] for r in loaded["torch_graph"]], ["0.0143"])
+
+    def test_merge_carries_graph_rows_and_replaces_by_key(self):
+        old = self.folder("old", {"torch.csv": [row("torch_flash", 0.0216)],
+                                  "torch_graph.csv": [row("torch_flash", 0.03, "CUDA graph replay"),
+                                                      row("torch_flash", 0.05, "CUDA graph replay", Nq=4)]})
+        new = self.folder("new", {"torch_graph.csv": [row("torch_flash", 0.0215, "CUDA graph replay"),
+                                                      row("12_split_kv", 0.0169, "CUDA graph replay")]})
+        summary = data.merge(new, old)
+        self.assertEqual(summary, {"torch_graph": (1, 1, 3)})
+        graph = {(r["stage"], r["Nq"]): r["ms_median"] for r in data.load(old)["torch_graph"]}
+        self.assertEqual(graph, {("torch_flash", "1"): "0.0215", ("torch_flash", "4"): "0.05",
+                                 ("12_split_kv", "1"): "0.0169"})
+        self.assertEqual([r["ms_median"] for r in data.load(old)["torch"]], ["0.0216"])
+
+    def test_merge_into_an_empty_folder_writes_torch_graph(self):
+        new = self.folder("new", {"torch_graph.csv": [row("12_split_kv", 0.0169, "CUDA graph replay")]})
+        target = os.path.join(self.temporary.name, "NVIDIA_H200")
+        data.merge(new, target)
+        self.assertEqual(sorted(os.listdir(target)), ["torch_graph.csv"])
+
+    def test_a_call_numbered_graph_file_is_a_second_file_of_kind_torch_graph(self):
+        folder = self.folder("run", {"torch_graph.csv": [row("torch_flash", 0.0215)],
+                                     "torch_graph_call2.csv": [row("torch_flash", 0.0214)]})
+        with self.assertRaises(data.DataError) as raised:
+            data.check(folder)
+        self.assertIn("torch_graph_call2.csv: a second file of kind torch_graph", str(raised.exception))
+
+    def test_a_call_numbered_torch_file_is_still_a_second_file_of_kind_torch(self):
+        folder = self.folder("run", {"torch.csv": [row("torch_flash", 0.0216)],
+                                     "torch_call8.csv": [row("torch_flash", 0.0217)]})
+        with self.assertRaisesRegex(data.DataError, "torch_call8.csv: a second file of kind torch "):
+            data.check(folder)
+
+    def test_stale_reports_graph_rows_of_our_stages(self):
+        folder = self.folder("run", {"torch_graph.csv": [dict(row("12_split_kv", 0.0169), source_hash="0" * 16),
+                                                         row("torch_flash", 0.0215)]})
+        report = data.stale(folder, root=_support.REPO)
+        self.assertEqual([(r["kind"], r["stage"], r["rows"], r["current"]) for r in report],
+                         [("torch_graph", "12_split_kv", 1, 0)])
+
+
+if __name__ == "__main__":
+    unittest.main()
