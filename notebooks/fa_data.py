@@ -37,7 +37,9 @@ NUMERIC = ["B", "Hq", "Hkv", "Nq", "Nk", "D", "causal", "ms_median", "ms_min", "
 
 
 def find_data_dir(data_dir=None):
-    """The folder given, else $FA_DATA_DIR, else the one folder under plots/data/ (None if none)."""
+    """The folder given, else $FA_DATA_DIR, else the one folder under plots/data/, or of several the
+    fullest (the most kinds of data file: a GPU measured on a few stages only is not the default).
+    None if there is none."""
     data_dir = data_dir or os.environ.get("FA_DATA_DIR")
     if data_dir:
         if not os.path.isdir(data_dir):
@@ -47,10 +49,12 @@ def find_data_dir(data_dir=None):
     if not folders:
         print("no data yet: plots/data/ has no GPU folder (run the GPU suite, or set DATA_DIR)")
         return None
+    fullest = max(folders, key=lambda folder: sum(os.path.isfile(os.path.join(folder, kind.file))
+                                                  for kind in fa_dataset.KINDS.values()))
     if len(folders) > 1:
         print(f"several GPU folders: {', '.join(os.path.basename(f) for f in folders)}; "
-              f"using {os.path.basename(folders[0])} (set DATA_DIR to choose)")
-    return folders[0]
+              f"using the fullest, {os.path.basename(fullest)} (set DATA_DIR to choose)")
+    return fullest
 
 
 def plots_dir(plots=None):
