@@ -511,6 +511,25 @@ class TorchRunner:
         times = event_times_ms(self.torch, call, warmups, reps, before_each)
         return statistics.median(times), min(times), reps
 
+    def time_row(self, name: str, precision: str, problem: Problem, pass_: str, call, first_ms: float):
+        """(median ms, min ms, notes) of `call` for a row of `pass_`: the first call's time alone when it
+        took longer than max_call_seconds, else time_calls with L2 flushed where the inputs fit in it.
+        Remembers the speed, for should_skip's prediction at the next shape."""
+        config = self.config
+        notes = []
+        if first_ms / 1e3 > config.max_call_seconds:
+            ms_median = ms_min = first_ms
+            notes.append(f"1 call: it took more than max-call-seconds {config.max_call_seconds}")
+        else:
+            flush = self.flush_for(problem, precision, pass_)
+            ms_median, ms_min, reps = self.time_calls(call, first_ms, flush)
+            if reps != config.reps:
+                notes.append(f"{reps} timed calls")
+            if flush is not None:
+                notes.append("L2 flushed before each call")
+        self.seconds_per_flop[(name, precision, problem.causal, pass_)] = ms_median / 1e3 / problem.flops(pass_)
+        return ms_median, ms_min, notes
+
     def measured(self, name: str, precision: str, problem: Problem, inputs, call, peak_bytes: int, source_hash: str,
                  is_ours: bool, checked_call=None):
         """Times `call` (the first call, or `checked_call` when given, also feeds the check; it returns O or
@@ -525,18 +544,9 @@ class TorchRunner:
                                        config.seed)
         del result, out, lse
         flops = problem.flops()
-        flush = self.flush_for(problem, precision)
-        notes = [GRAPH_NOTE] if config.timing == "graph" else []
-        if first_ms / 1e3 > config.max_call_seconds:
-            ms_median = ms_min = first_ms
-            notes.append(f"1 call: it took more than max-call-seconds {config.max_call_seconds}")
-        else:
-            ms_median, ms_min, reps = self.time_calls(call, first_ms, flush)
-            if reps != config.reps:
-                notes.append(f"{reps} timed calls")
-            if flush is not None:
-                notes.append("L2 flushed before each call")
-        self.seconds_per_flop[(name, precision, problem.causal, "fwd")] = ms_median / 1e3 / flops
+        ms_median, ms_min, notes = self.time_row(name, precision, problem, "fwd", call, first_ms)
+        if config.timing == "graph":
+            notes.insert(0, GRAPH_NOTE)
         tolerance = self.library.tolerance(precision, check.max_abs_v)
         status = "ok"
         max_abs = check.max_abs
@@ -781,18 +791,7 @@ class TorchRunner:
         check = compare_gradients(self.torch, problem, inputs, grad_out, grads, config.check_heads)
         del grads
         flops = problem.flops("bwd")
-        notes = []
-        if first_ms / 1e3 > config.max_call_seconds:
-            ms_median = ms_min = first_ms
-            notes.append(f"1 call: it took more than max-call-seconds {config.max_call_seconds}")
-        else:
-            flush = self.flush_for(problem, precision, "bwd")
-            ms_median, ms_min, reps = self.time_calls(call, first_ms, flush)
-            if reps != config.reps:
-                notes.append(f"{reps} timed calls")
-            if flush is not None:
-                notes.append("L2 flushed before each call")
-        self.seconds_per_flop[(name, precision, problem.causal, "bwd")] = ms_median / 1e3 / flops
+        ms_median, ms_min, notes = self.time_row(name, precision, problem, "bwd", call, first_ms)
         status, wrong = "ok", []
         bound = GRADIENT_REL_L2_BOUND[precision]
         if check.non_finite:
