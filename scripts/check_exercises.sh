@@ -161,7 +161,7 @@ check_mechanism() {
   for stage in $stages; do
     status=0
     verdict=$(exercise_verdict "$build" "$stage" 0) || status=$?
-    verdict=$(printf '%s\n' "$verdict" | grep -E '^(PASSED|FAILED|NOT CHECKED)' | head -n1)
+    verdict=$(printf '%s\n' "$verdict" | grep -m1 -E '^(PASSED|FAILED|NOT CHECKED)')
     case $status in
       1) echo "stage ${stage:0:2}: the untouched copy FAILS its tests, as it must" ;;
       77)

@@ -144,7 +144,7 @@ build_with_progress() {
   local start=$SECONDS
   if ! cmake --build "$dir" -j "$(nproc)" "$@" 2>&1 | tee "$log" | show_progress; then
     echo "The build failed; the end of $where/build.log:" >&2
-    grep -nE 'error|Error' "$log" | head -n 20 >&2 || true
+    grep -m 20 -nE 'error|Error' "$log" >&2 || true
     tail -n 25 "$log" >&2
     return 1
   fi
@@ -152,7 +152,7 @@ build_with_progress() {
   local warnings
   warnings=$(grep -ci 'warning' "$log" || true)
   if [ "${warnings:-0}" -gt 0 ]; then
-    grep -i 'warning' "$log" | head -n 10
+    grep -m 10 -i 'warning' "$log"
     echo "Built in $((SECONDS - start)) s ($warnings warning lines: $where/build.log)"
   else
     echo "Built in $((SECONDS - start)) s"
