@@ -2,7 +2,7 @@
 # writing, the ctypes declarations against stages/fa_capi.h, the CPU stage through the C ABI, the
 # choice of stages for the PyTorch op), and the check that the stage executables write the CSV
 # header of fa_course.schema. No GPU, no PyTorch, no NumPy: any Python 3.9+ runs them. Then the
-# PyTorch op's tests, which skip without PyTorch. Included from tests/CMakeLists.txt.
+# PyTorch op's tests (pytest), which skip without PyTorch. Included from tests/CMakeLists.txt.
 #
 # FA_REQUIRE_LIB=1: a test that needs the built library or executable fails, instead of skipping,
 # when it is missing; REQUIRED_FILES keeps ctest from running them before the targets are built.
@@ -30,28 +30,30 @@ elseif(TARGET fa_capi AND TARGET 01_cpu)
     ENVIRONMENT "FA_REQUIRE_LIB=1;PYTHONDONTWRITEBYTECODE=1"
     REQUIRED_FILES "$<TARGET_FILE:01_cpu>")
 
-  # fa_course.ops, the op for PyTorch (tests/python/torch_op_check.py): on the CPU stages with
-  # PyTorch alone, and on the GPU stages. Exit code 77 is ctest's "skipped" (no PyTorch, no GPU, or
-  # no backward stage: the reason is printed); FA_REQUIRE_GPU=1 in the environment (the GPU suite)
-  # makes that a failure. The interpreter is the first of Python3_EXECUTABLE (.venv, which CI keeps
-  # free of PyTorch) and the `python3` on PATH that imports torch ($FA_TORCH_PYTHON chooses one).
+  # fa_course.ops, the op for PyTorch (tests/torch/test_op.py, under pytest through tests/torch/run.py):
+  # on the CPU stages with PyTorch alone, and on the GPU stages. Exit code 77 is ctest's "skipped"
+  # (no PyTorch or pytest, no GPU, no backward stage, or a test inside skipped: the reason is
+  # printed); FA_REQUIRE_GPU=1 in the environment (the GPU suite) makes that a failure. The
+  # interpreter is the first of Python3_EXECUTABLE (.venv, which CI keeps free of PyTorch) and the
+  # `python3` on PATH that imports both torch and pytest ($FA_TORCH_PYTHON chooses one).
   if(NOT FA_TORCH_PYTHON)
     find_program(FA_PATH_PYTHON3 NAMES python3 NO_CACHE)
     foreach(candidate IN ITEMS "${Python3_EXECUTABLE}" "${FA_PATH_PYTHON3}")
       if(candidate AND NOT FA_TORCH_PYTHON)
-        execute_process(COMMAND ${candidate} -c "import torch" RESULT_VARIABLE imports_torch OUTPUT_QUIET ERROR_QUIET)
+        execute_process(COMMAND ${candidate} -c "import torch, pytest" RESULT_VARIABLE imports_torch
+                        OUTPUT_QUIET ERROR_QUIET)
         if(imports_torch EQUAL 0)
           set(FA_TORCH_PYTHON "${candidate}")
         endif()
       endif()
     endforeach()
     if(NOT FA_TORCH_PYTHON)
-      set(FA_TORCH_PYTHON "${Python3_EXECUTABLE}")  # the tests say "PyTorch is not installed" and skip
+      set(FA_TORCH_PYTHON "${Python3_EXECUTABLE}")  # the tests say what is missing and skip
     endif()
   endif()
   foreach(mode IN ITEMS cpu gpu)
     set(name "python: fa_course.ops (PyTorch custom op) on the ${mode} stages")
-    add_test(NAME "${name}" COMMAND ${FA_TORCH_PYTHON} ${PROJECT_SOURCE_DIR}/tests/python/torch_op_check.py ${mode})
+    add_test(NAME "${name}" COMMAND ${FA_TORCH_PYTHON} ${PROJECT_SOURCE_DIR}/tests/torch/run.py ${mode})
     set_tests_properties("${name}" PROPERTIES
       ENVIRONMENT "FA_CAPI_LIB=$<TARGET_FILE:fa_capi>;PYTHONDONTWRITEBYTECODE=1"
       REQUIRED_FILES "$<TARGET_FILE:fa_capi>"

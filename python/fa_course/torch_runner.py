@@ -271,7 +271,7 @@ LSE_TOLERANCE = 1e-3
 # The relative L2 error of the worst of dQ, dK, dV above which a backward row of ours is `error`: 16
 # unit roundoffs of the precision. A correct kernel stays a few roundoffs off (the rounding of P, dS
 # and the output); a wrong mask, scale or sum is off by O(1). The tight, element-wise tolerances
-# are the C++ tests' (fa::gradient_tolerance_unit) and tests/python/torch_op_check.py's (derived
+# are the C++ tests' (fa::gradient_tolerance_unit) and tests/torch/test_op.py's (derived
 # from PyTorch's own error on the same inputs).
 GRADIENT_REL_L2_BOUND = {"fp16": 16 * 2.0**-11, "bf16": 16 * 2.0**-8, "fp32": 16 * 2.0**-24}
 

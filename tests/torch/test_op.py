@@ -1,0 +1,331 @@
+"""fa_course.ops, the course's attention as a PyTorch operator: forward and backward passes against
+PyTorch's SDPA in float64 (computed here from the same rounded inputs, never typed in), on square,
+causal, grouped-query and Nq != Nk problems; torch.library.opcheck; torch.compile(fullgraph=True)
+with no graph break (torch._dynamo.explain); CUDA-graph capture and replay; and the errors a wrong
+tensor gets.
+
+Two halves, each a ctest of its own (tests/python_tests.cmake runs them through run.py):
+
+  TestCpuOp   PyTorch, no GPU needed: the op on the CPU stages (01_cpu forward, 11_backward/fp32
+              backward, float32)
+  TestGpuOp   a CUDA GPU (sm_80+) and the library's GPU backward stage: FP16 and BF16 on the GPU stages
+
+A half that cannot run here (no PyTorch, no GPU, no backward stage) skips with the reason
+(availability.py). By hand: `python3 -m pytest tests/torch -k Gpu`.
+"""
+
+import math
+
+import pytest
+
+import availability
+
+torch = pytest.importorskip("torch")
+
+# the unit roundoff of each 16-bit format (and FP32 for the CPU stages)
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
+PRECISIONS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+# square; causal with odd sizes; grouped-query (and multi-query) causal; Nq < Nk causal; Nq > Nk (no
+# mask: with one, PyTorch's reference gives NaN for the rows that see no key)
+GPU_SHAPES = [
+    ((2, 4, 4, 128, 128, 64), False),
+    ((1, 4, 4, 257, 257, 128), True),
+    ((2, 8, 2, 200, 200, 64), True),
+    ((1, 4, 1, 96, 96, 100), True),
+    ((1, 4, 4, 100, 300, 64), True),
+    ((1, 4, 2, 300, 100, 128), False),
+]
+CPU_SHAPES = [
+    ((2, 2, 2, 33, 33, 16), False),
+    ((1, 4, 2, 20, 50, 32), True),
+    ((1, 2, 1, 50, 20, 8), False),
+]
+
+
+@pytest.fixture(scope="class", autouse=True)
+def runs_here(request):
+    """Each half skips, saying why, where it cannot run."""
+    reason = availability.unavailable_reason(request.cls.mode)
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from fa_course import ops
+
+    return ops
+
+
+@pytest.fixture(scope="module")
+def library():
+    from fa_course import capi
+
+    return capi.load()
+
+
+def pytest_generate_tests(metafunc):
+    """`case`: every (dtype, shape, causal) of the class, one test each."""
+    if "case" in metafunc.fixturenames:
+        cls = metafunc.cls
+        cases = [(dtype, shape, causal) for dtype in cls.dtypes for shape, causal in cls.shapes]
+        names = [f"{PRECISIONS[d]}-{'x'.join(map(str, s))}{'-causal' if c else ''}" for d, s, c in cases]
+        metafunc.parametrize("case", cases, ids=names)
+
+
+# ---- the float64 reference ---------------------------------------------------------------------
+
+
+def sdpa(q, k, v, causal):
+    """PyTorch's SDPA with our conventions: grouped heads (enable_gqa), the causal mask aligned
+    bottom-right (causal_lower_right; is_causal=True aligns top-left)."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    kwargs = {"enable_gqa": q.shape[1] != k.shape[1]}
+    if causal:
+        kwargs["attn_mask"] = causal_lower_right(q.shape[2], k.shape[2])
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+def reference_lse(q, k, causal):
+    """The natural log of each row's softmax denominator, in float64."""
+    group = q.shape[1] // k.shape[1]
+    keys = k.double().repeat_interleave(group, dim=1)
+    scores = q.double() @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        rows = torch.arange(q.shape[2], device=q.device)[:, None]
+        columns = torch.arange(k.shape[2], device=q.device)[None, :]
+        scores = scores.masked_fill(columns > rows + k.shape[2] - q.shape[2], float("-inf"))
+    return torch.logsumexp(scores, dim=-1)
+
+
+def gradients(function, q, k, v, grad_out, causal, dtype=None):
+    """(O, dQ, dK, dV) of `function` at q, k, v (cast to `dtype` when given) for the gradient dO."""
+    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in (q, k, v)]
+    out = function(*leaves, causal)
+    grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+    return (out.detach(),) + tuple(g.detach() for g in grads)
+
+
+def make_problem(shape, dtype, device, seed=0):
+    """Q, K, V in [-1, 1) and dO ~ N(0, 1), already in `dtype` (so the reference sees what we see)."""
+    batch, q_heads, kv_heads, q_seq, kv_seq, dim = shape
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def uniform(*size):
+        return (torch.rand(size, generator=generator, device=device) * 2 - 1).to(dtype)
+
+    q = uniform(batch, q_heads, q_seq, dim)
+    k, v = uniform(batch, kv_heads, kv_seq, dim), uniform(batch, kv_heads, kv_seq, dim)
+    grad_out = torch.randn(batch, q_heads, q_seq, dim, generator=generator, device=device).to(dtype)
+    return q, k, v, grad_out
+
+
+# name -> (the arguments, made from a valid q, k, v; the error; a word of its message)
+WRONG_CALLS = {
+    "non-contiguous": (lambda q, k, v: (q.transpose(1, 2).contiguous().transpose(1, 2), k, v), ValueError,
+                       "contiguous"),
+    "float64": (lambda q, k, v: (q.double(), k.double(), v.double()), TypeError, "takes"),
+    "mixed dtypes": (lambda q, k, v: (q, k.double(), v), TypeError, "one dtype"),
+    "heads": (lambda q, k, v: (q[:, :3].contiguous(), k, v), ValueError, "multiple"),
+    "head dims": (lambda q, k, v: (q[..., :16].contiguous(), k, v), ValueError, "head dim"),
+    "3-D": (lambda q, k, v: (q[0], k, v), ValueError, "4-D"),
+    "k and v": (lambda q, k, v: (q, k, v[:, :, :8].contiguous()), ValueError, "differ in shape"),
+    "not a tensor": (lambda q, k, v: (q.tolist(), k, v), TypeError, "torch.Tensor"),
+}
+
+
+class OpChecks:
+    """What both halves test, on `device` with `dtypes`."""
+
+    mode = ""
+    device = ""
+    dtypes = ()
+    shapes = ()
+    compile_backend = "inductor"
+
+    def test_forward_and_backward_against_float64(self, ops, library, case):
+        dtype, shape, causal = case
+        q, k, v, grad_out = make_problem(shape, dtype, self.device)
+        out, lse = ops.attention_with_lse(q, k, v, causal)
+        ours = gradients(ops.attention, q, k, v, grad_out, causal)
+        exact = gradients(sdpa, q, k, v, grad_out, causal, torch.float64)
+        theirs = gradients(sdpa, q, k, v, grad_out, causal)  # PyTorch in this dtype: what its rounding costs
+        where = f"{dtype} {shape} causal={causal} stages={ops.chosen_stages(q, k, v, causal)}"
+        tolerance = library.tolerance(PRECISIONS[dtype], v.abs().max().item())
+        assert (out.double() - exact[0]).abs().max().item() <= tolerance, f"O, {where}"
+        assert torch.equal(out, ours[0]), f"attention and attention_with_lse differ, {where}"
+        lse_error = (lse.double() - reference_lse(q, k, causal)).abs().max().item()
+        assert lse_error <= 1e-3, f"LSE, {where}"
+        for name, mine, torch_value, reference in zip(("dQ", "dK", "dV"), ours[1:], theirs[1:], exact[1:]):
+            assert mine.dtype == dtype
+            assert torch.isfinite(mine).all().item(), f"{name} not finite, {where}"
+            error = (mine.double() - reference).abs().max().item()
+            torch_error = (torch_value.double() - reference).abs().max().item()
+            # PyTorch's own error on these inputs, with room for a different order of additions, and
+            # a floor of two roundings of the largest gradient for a case where PyTorch is exact
+            allowed = 4 * torch_error + 2 * UNIT_ROUNDOFF[dtype] * reference.abs().max().item()
+            assert error <= allowed, (f"{name}: max abs err {error:.3e} > {allowed:.3e} (PyTorch's "
+                                      f"{torch_error:.3e}), {where}")
+
+    def test_opcheck(self, ops):  # the fixture registers torch.ops.fa_course
+        if not hasattr(torch.library, "opcheck"):
+            pytest.skip(f"PyTorch {torch.__version__} has no torch.library.opcheck")
+        dtype = self.dtypes[-1]  # BF16 on the GPU: opcheck's tolerance holds dQ's atomics' last-bit differences
+        q, k, v, grad_out = make_problem((1, 4, 2, 40, 56, 64), dtype, self.device)
+        leaves = [t.requires_grad_() for t in (q, k, v)]
+        torch.library.opcheck(torch.ops.fa_course.attention.default, tuple(leaves), {"causal": True})
+        out, lse = torch.ops.fa_course.attention(q, k, v, True)
+        torch.library.opcheck(torch.ops.fa_course.attention_backward.default,
+                              (grad_out, q.detach(), k.detach(), v.detach(), out.detach(), lse, True))
+
+    def test_the_lse_is_not_differentiable(self, ops):
+        q, k, v, _ = make_problem((1, 2, 2, 16, 16, 32), self.dtypes[0], self.device)
+        out, lse = ops.attention_with_lse(q.requires_grad_(), k, v)
+        assert out.requires_grad
+        assert not lse.requires_grad
+        assert lse.dtype == torch.float32
+        assert tuple(lse.shape) == (1, 2, 16)
+
+    def test_torch_compile_fullgraph_without_graph_breaks(self, ops):
+        q, k, v, grad_out = make_problem((1, 4, 2, 64, 64, 64), self.dtypes[0], self.device)
+
+        def step(q, k, v):
+            return (ops.attention(q, k, v, causal=True).float() * grad_out.float()).sum()
+
+        explained = torch._dynamo.explain(step)(q, k, v)
+        assert explained.graph_break_count == 0, str(explained.break_reasons)
+        torch._dynamo.reset()
+        compiled = torch.compile(step, fullgraph=True, backend=self.compile_backend)
+        eager = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        traced = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        step(*eager).backward()
+        compiled(*traced).backward()
+        for name, a, b in zip("qkv", eager, traced):
+            # dQ is summed with FP32 atomics in no fixed order: equal within a 16-bit rounding, not bitwise
+            torch.testing.assert_close(b.grad, a.grad, atol=1e-2, rtol=1e-2, msg=f"d{name} compiled vs eager")
+
+    @pytest.mark.parametrize("name", list(WRONG_CALLS))
+    def test_a_wrong_tensor_raises_a_clear_error(self, ops, name):
+        q, k, v, _ = make_problem((1, 4, 2, 16, 16, 32), self.dtypes[0], self.device)
+        make_arguments, error, text = WRONG_CALLS[name]
+        with pytest.raises(error, match=text):
+            ops.attention(*make_arguments(q, k, v))
+
+    def test_a_problem_no_stage_takes_is_refused_with_the_library_reason(self, ops):
+        q, k, v, _ = make_problem((1, 4, 2, 16, 16, 32), self.dtypes[0], self.device)
+        with pytest.raises(ops.UnsupportedProblem, match="head dim"):  # the library's own reason
+            wide = torch.zeros(1, 1, 4, 1024, dtype=self.dtypes[0], device=self.device)
+            ops.attention(wide, wide, wide)
+        with pytest.raises(ops.UnsupportedProblem, match="no stage"):
+            ops.attention(q, k, v, stage="no_such_stage")
+
+
+class TestCpuOp(OpChecks):
+    """The op on the CPU stages (float32), where there is no GPU."""
+
+    mode = "cpu"
+    device = "cpu"
+    dtypes = (torch.float32,)
+    shapes = CPU_SHAPES
+    compile_backend = "aot_eager"  # inductor on the CPU needs a C++ compiler and a minute; the graph is the point
+
+    def test_the_cpu_stages_are_chosen(self, ops, library):
+        q, k, v, _ = make_problem((1, 2, 2, 8, 8, 16), torch.float32, "cpu")
+        forward, backward = ops.chosen_stages(q, k, v)
+        assert library.stage(forward).backend == "cpu"
+        assert library.stage(backward).supports("backward")
+
+    def test_a_refusal_in_the_backward_pass_reaches_the_caller(self, ops):
+        q, k, v, grad_out = make_problem((1, 2, 2, 8, 8, 16), torch.float32, "cpu")
+        out = ops.attention(q.requires_grad_(), k, v, backward_stage="no_such_stage")
+        with pytest.raises(ops.UnsupportedProblem, match="no_such_stage"):
+            out.backward(grad_out)
+
+    def test_the_package_offers_the_op(self, ops):
+        import fa_course
+
+        assert fa_course.attention is ops.attention
+
+    def test_cuda_dtypes_on_the_cpu_are_refused(self, ops):
+        q = torch.zeros(1, 1, 4, 16, dtype=torch.float16)
+        with pytest.raises(TypeError, match="float16 on cpu"):
+            ops.attention(q, q, q)
+
+
+class TestGpuOp(OpChecks):
+    """The op on the GPU stages in FP16 and BF16."""
+
+    mode = "gpu"
+    device = "cuda"
+    dtypes = (torch.float16, torch.bfloat16)
+    shapes = GPU_SHAPES
+
+    def test_the_fastest_forward_stage_is_chosen_and_others_can_be_named(self, ops, library):
+        from fa_course import selection
+
+        q, k, v, grad_out = make_problem((1, 4, 4, 128, 128, 64), torch.float16, "cuda")
+        forward, backward = ops.chosen_stages(q, k, v)
+        capability = torch.cuda.get_device_capability()
+        runs_here = [s.folder for s in library.stages() if s.is_cuda and s.precision == "fp16"
+                     and s.supports("lse") and not s.supports("backward")
+                     and not selection.runs_on(s, "cuda", 10 * capability[0] + capability[1])]
+        # Nq = 128: a prefill problem, which a decoding stage would hand to an earlier stage's kernel.
+        prefill = [folder for folder in runs_here if folder not in selection.DECODE_STAGES]
+        assert forward.split("/")[0] == max(prefill), "the latest forward stage that runs here"
+        assert library.stage(backward).supports("backward")
+        decoding = [folder for folder in runs_here if folder in selection.DECODE_STAGES]
+        if decoding:  # a few query rows against many keys: the decoding stage's own kernel
+            q_decode, k_decode, v_decode, _ = make_problem((1, 4, 2, 4, 1000, 64), torch.float16, "cuda")
+            decode_forward, _ = ops.chosen_stages(q_decode, k_decode, v_decode)
+            assert decode_forward.split("/")[0] == max(decoding)
+        named = ops.attention(q, k, v, stage="08")
+        chosen = ops.attention(q, k, v)
+        torch.testing.assert_close(named, chosen, atol=2e-3, rtol=0)
+
+    def test_wrong_devices_raise_clear_errors(self, ops):
+        q, k, v, _ = make_problem((1, 2, 2, 16, 16, 32), torch.float16, "cuda")
+        with pytest.raises(ValueError, match="one device"):
+            ops.attention(q, k.cpu(), v)
+        with pytest.raises(TypeError, match="float32 on CPU"):
+            ops.attention(q.float(), k.float(), v.float())  # FP32 on the GPU: no stage writes an LSE
+
+    def test_a_head_dim_the_backward_refuses_is_an_error_not_a_crash(self, ops, library):
+        dims = [s.max_dim for s in library.stages() if s.is_cuda and s.supports("backward")]
+        dim = max(dims) + 8
+        q, k, v, grad_out = make_problem((1, 2, 2, 32, 32, dim), torch.float16, "cuda")
+        q.requires_grad_()
+        with pytest.raises(ValueError, match="head dim"):
+            out = ops.attention(q, k, v, causal=True)
+            out.backward(grad_out)
+        torch.cuda.synchronize()  # the context is still healthy
+
+    def test_cuda_graph_capture_and_replay(self, ops):
+        shape = (2, 8, 2, 256, 256, 64)
+        q, k, v, grad_out = make_problem(shape, torch.bfloat16, "cuda")
+        static = [t.clone().requires_grad_() for t in (q, k, v)]
+
+        def step():
+            out = ops.attention(*static, causal=True)
+            return (out,) + torch.autograd.grad(out, static, grad_out)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the capture (stage choice, cuFuncSetAttribute)
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = step()
+        fresh_q, fresh_k, fresh_v, _ = make_problem(shape, torch.bfloat16, "cuda", seed=7)
+        with torch.no_grad():
+            for target, value in zip(static, (fresh_q, fresh_k, fresh_v)):
+                target.copy_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = gradients(ops.attention, fresh_q, fresh_k, fresh_v, grad_out, True)
+        # BF16's default tolerance: a last-bit difference in dQ (FP32 atomics in no fixed order) passes
+        for name, replayed, eager in zip(("O", "dQ", "dK", "dV"), captured, expected):
+            torch.testing.assert_close(replayed, eager, msg=f"{name} replayed vs eager")
