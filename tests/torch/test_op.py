@@ -14,7 +14,9 @@ A half that cannot run here (no PyTorch, no GPU, no backward stage) skips with t
 (availability.py). By hand: `python3 -m pytest tests/torch -k Gpu`.
 """
 
+import importlib.util
 import math
+import os
 
 import pytest
 
@@ -22,6 +24,7 @@ import availability
 
 torch = pytest.importorskip("torch")
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # the unit roundoff of each 16-bit format (and FP32 for the CPU stages)
 UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
 PRECISIONS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -122,6 +125,14 @@ def make_problem(shape, dtype, device, seed=0):
     return q, k, v, grad_out
 
 
+def load_training_example():
+    """scripts/train_attention.py as a module: its model is the one the training example trains."""
+    spec = importlib.util.spec_from_file_location("train_attention", os.path.join(REPO, "scripts", "train_attention.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # name -> (the arguments, made from a valid q, k, v; the error; a word of its message)
 WRONG_CALLS = {
     "non-contiguous": (lambda q, k, v: (q.transpose(1, 2).contiguous().transpose(1, 2), k, v), ValueError,
@@ -144,6 +155,7 @@ class OpChecks:
     dtypes = ()
     shapes = ()
     compile_backend = "inductor"
+    example_head_dim = 64  # the training example's
 
     def test_forward_and_backward_against_float64(self, ops, library, case):
         dtype, shape, causal = case
@@ -206,6 +218,40 @@ class OpChecks:
             # dQ is summed with FP32 atomics in no fixed order: equal within a 16-bit rounding, not bitwise
             torch.testing.assert_close(b.grad, a.grad, atol=1e-2, rtol=1e-2, msg=f"d{name} compiled vs eager")
 
+    def test_the_training_example_compiles_without_graph_breaks(self, ops):
+        """The training example's model (scripts/train_attention.py, small) with our op: no graph break
+        in torch._dynamo.explain, and one compiled training step gives eager's loss and gradients."""
+        example = load_training_example()
+        args = example.parse_args(["--layers", "2", "--heads", "4", "--kv-heads", "2", "--seq", "32", "--head-dim",
+                                   str(self.example_head_dim)])
+        torch.manual_seed(0)
+        model = example.build_model(torch, 20, args, lambda q, k, v: ops.attention(q, k, v, causal=True))
+        model = model.to(self.device)
+        tokens = torch.randint(0, 20, (2, args.seq), device=self.device)
+        # on the GPU the example's BF16 autocast, which hands the op BF16 tensors; on the CPU float32
+        autocast = torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.device == "cuda")
+
+        def training_loss(module):
+            with autocast:
+                logits = module(tokens)
+            return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens.flatten())
+
+        with autocast:
+            explained = torch._dynamo.explain(model)(tokens)
+        assert explained.graph_break_count == 0, str(explained.break_reasons)
+        assert explained.graph_count == 1
+        torch._dynamo.reset()
+        eager_loss = training_loss(model)
+        eager_loss.backward()
+        eager_grads = [p.grad.detach().clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        compiled_loss = training_loss(torch.compile(model, fullgraph=True, backend=self.compile_backend))
+        compiled_loss.backward()
+        tolerance = 2e-2 if self.device == "cuda" else 1e-4
+        torch.testing.assert_close(compiled_loss, eager_loss, atol=tolerance, rtol=tolerance)
+        for parameter, eager_grad in zip(model.parameters(), eager_grads):
+            torch.testing.assert_close(parameter.grad, eager_grad, atol=tolerance, rtol=tolerance)
+
     @pytest.mark.parametrize("name", list(WRONG_CALLS))
     def test_a_wrong_tensor_raises_a_clear_error(self, ops, name):
         q, k, v, _ = make_problem((1, 4, 2, 16, 16, 32), self.dtypes[0], self.device)
@@ -230,6 +276,7 @@ class TestCpuOp(OpChecks):
     dtypes = (torch.float32,)
     shapes = CPU_SHAPES
     compile_backend = "aot_eager"  # inductor on the CPU needs a C++ compiler and a minute; the graph is the point
+    example_head_dim = 16  # the CPU stages are slow
 
     def test_the_cpu_stages_are_chosen(self, ops, library):
         q, k, v, _ = make_problem((1, 2, 2, 8, 8, 16), torch.float32, "cpu")
