@@ -18,7 +18,9 @@ library's reason.
 alone", says exactly what is timed on each side): our stages with a backward pass (11_backward)
 through fa_backward_v2 after one untimed forward pass, PyTorch's backends through
 torch.autograd.grad on the graph of one SDPA call; rows with pass = bwd, FLOPs 2.5x the forward's,
-gradients compared with a float64 backward on sampled (batch, K/V head) groups.
+gradients compared with a float64 backward on sampled (batch, K/V head) groups. --pass fwd+bwd times
+both passes in one call, as a training step runs them (ours: the stage's forward then its backward;
+PyTorch's: one SDPA call and torch.autograd.grad on its graph); FLOPs 3.5x the forward's.
 
 --timing graph times every call, ours and PyTorch's, as replays of one call captured in a CUDA graph
 (the way serving engines run a decoding step) instead of plain calls from the host; the rows say
@@ -74,10 +76,10 @@ def parse_args(argv=None):
     parser.add_argument("--seq-k", type=int, help="use this many keys (Nk) in every shape")
     parser.add_argument("--stages", default="all",
                         help="comma-separated stage ids or numbers (04,05_float4); 'all' = every GPU stage (with "
-                             "--pass bwd: every one with a backward pass); 'none' = PyTorch only (default: "
+                             "--pass bwd or fwd+bwd: every one with a backward pass); 'none' = PyTorch only (default: "
                              "%(default)s)")
-    parser.add_argument("--pass", dest="pass_", choices=["fwd", "bwd"], default="fwd",
-                        help="the forward pass, or the backward pass alone (default: %(default)s)")
+    parser.add_argument("--pass", dest="pass_", choices=["fwd", "bwd", "fwd+bwd"], default="fwd",
+                        help="the forward pass, the backward pass alone, or both (default: %(default)s)")
     parser.add_argument("--peers", default=",".join(DEFAULT_PEERS),
                         help=f"comma-separated PyTorch rows to run ({', '.join(PEERS)}), or 'none' "
                              "(default: %(default)s)")
@@ -109,7 +111,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.warmup < 1 or args.reps < 1:
         die("--warmup and --reps must be at least 1")
-    if args.timing == "graph" and args.pass_ == "bwd":
+    if args.timing == "graph" and args.pass_ != "fwd":
         die("--timing graph times the forward pass only")
     try:
         problems = shapes.parse_shapes(args.shapes)
@@ -137,7 +139,8 @@ def parse_args(argv=None):
 
 def choose_stages(library, text, pass_="fwd"):
     """The GPU descriptors the selection names (a folder or number also names a stage's CPU
-    descriptor, as 11_backward/fp32: left out); with pass_ 'bwd' those with a backward pass."""
+    descriptor, as 11_backward/fp32: left out); with pass_ 'bwd' or 'fwd+bwd' those with a backward
+    pass."""
     if text == "none":
         return []
     if text == "all":
@@ -150,7 +153,7 @@ def choose_stages(library, text, pass_="fwd"):
     gpu = [s for s in chosen if s.is_cuda]
     if chosen and not gpu and text != "all":
         die(f"{', '.join(s.id for s in chosen)} run(s) on the CPU: this script compares GPU stages")
-    if pass_ == "bwd":
+    if pass_ != "fwd":
         without = [s.id for s in gpu if not s.supports("backward")]
         gpu = [s for s in gpu if s.supports("backward")]
         if without and text != "all":

@@ -294,6 +294,10 @@ phase_torch() {
       --shapes 4x16x4096x128 --stages "$backward" --dtype fp16,bf16 \
       --peers torch_flash,torch_cudnn,torch_efficient --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
       status=1
+    # Forward and backward in one timed call, as a training step runs them (pass = fwd+bwd).
+    python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --pass fwd+bwd --causal both \
+      --shapes 4x16x4096x64,4x16x4096x128 --stages "$backward" --dtype fp16,bf16 \
+      --peers torch_flash,torch_cudnn --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 || status=1
   fi
   # The decoding stages at the decode sweep (B in {1, 4, 16}, Nq in {1, 4, 16}, Nk = 4096 .. 262144),
   # FP16 and BF16, beside every backend: plain calls (torch.csv), then each call replayed from a CUDA

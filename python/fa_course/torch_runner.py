@@ -24,7 +24,8 @@ run(..., pass_='bwd') measures the backward pass alone instead: our stages with 
 through fa_backward_v2, PyTorch's backends through torch.autograd.grad on one SDPA call's graph
 (the section "the backward pass alone" below says exactly what is timed), gradients compared with a
 float64 backward on sampled (batch, K/V head) groups; rows with pass = bwd and 2.5x the forward's
-FLOPs.
+FLOPs. pass_='fwd+bwd' times the forward and the backward pass together, as one training step runs
+them (3.5x the forward's FLOPs).
 
 With timing='graph' every call, ours and PyTorch's, is captured once in a CUDA graph and timed as
 graph replays (torch_gpu.graph_replay): one launch a call, no per-call host work on either side,
@@ -41,6 +42,7 @@ are listed in the report.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -700,16 +702,19 @@ class TorchRunner:
         except RuntimeError as error:
             raise ContextLost(f"the CUDA context is broken ({one_line(error)}); stopping") from None
 
-    # ---- the backward pass alone ----------------------------------------------------------------
-    # What is timed, on both sides: from dO, O and the LSE already in memory (one forward pass made
-    # them, untimed) to dQ, dK and dV written. Ours: one fa_backward_v2 call (its preprocessing of
-    # D = rowsum(dO * O), the clearing of the FP32 dQ, the main kernel and dQ's conversion). PyTorch:
-    # torch.autograd.grad(out, (q, k, v), dO, retain_graph=True) on the graph of one SDPA call with the
-    # backend forced, which runs that backend's backward kernels (its own preprocessing and dQ
-    # conversion included) and allocates the three gradients from the caching allocator. CUDA events
-    # on the current stream bracket each call, as in the forward rows.
+    # ---- the backward pass alone, or with the forward -------------------------------------------
+    # What is timed for pass bwd, on both sides: from dO, O and the LSE already in memory (one forward
+    # pass made them, untimed) to dQ, dK and dV written. Ours: one fa_backward_v2 call (its
+    # preprocessing of D = rowsum(dO * O), the clearing of the FP32 dQ, the main kernel and dQ's
+    # conversion). PyTorch: torch.autograd.grad(out, (q, k, v), dO, retain_graph=True) on the graph of
+    # one SDPA call with the backend forced, which runs that backend's backward kernels (its own
+    # preprocessing and dQ conversion included) and allocates the three gradients from the caching
+    # allocator. For pass fwd+bwd the forward pass is inside the timed call: ours the stage's own
+    # forward (fa_forward_v2, writing O and the LSE) then the backward; PyTorch's one SDPA call then
+    # torch.autograd.grad on its fresh graph. CUDA events on the current stream bracket each call, as
+    # in the forward rows.
 
-    def run_stage_backward(self, stage: Stage, problem: Problem, inputs) -> None:
+    def run_stage_backward(self, stage: Stage, problem: Problem, inputs, pass_: str = "bwd") -> None:
         torch, library = self.torch, self.library
         name, precision = stage.id, stage.precision
         q, k, v = inputs
@@ -718,9 +723,9 @@ class TorchRunner:
             library.unsupported_reason(stage.id, problem, pass_="bwd")
         if reason:
             self.row(name, problem, precision, status="unsupported", source_hash=stage.source_hash,
-                     note=one_line(reason), **{"pass": "bwd"})
+                     note=one_line(reason), **{"pass": pass_})
             return
-        if self.should_skip(name, precision, problem, "bwd"):
+        if self.should_skip(name, precision, problem, pass_):
             return
         forward_bytes = library.workspace_bytes(stage.id, problem, "fwd")
         backward_bytes = library.workspace_bytes(stage.id, problem, "bwd")
@@ -734,34 +739,40 @@ class TorchRunner:
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
             self.row(name, problem, precision, status="oom", peak_bytes=io_bytes + backward_bytes,
-                     source_hash=stage.source_hash, note=f"{self.free_bytes()} bytes free", **{"pass": "bwd"})
+                     source_hash=stage.source_hash, note=f"{self.free_bytes()} bytes free", **{"pass": pass_})
             return
         stream = torch.cuda.current_stream()
 
+        def forward():
+            library.forward(stage.id, problem, q, k, v, out, lse=lse, stream=stream, workspace=forward_workspace)
+
         def call():
+            if pass_ == "fwd+bwd":
+                forward()
             library.backward(stage.id, problem, q, k, v, out, grad_out, lse, *grads, stream=stream, workspace=workspace)
             return grads
 
         try:
-            library.forward(stage.id, problem, q, k, v, out, lse=lse, stream=stream, workspace=forward_workspace)
-            self.measured_backward(name, precision, problem, inputs, out, grad_out, call,
-                                   io_bytes + max(forward_bytes, backward_bytes), stage.source_hash, is_ours=True)
+            forward()
+            self.measured_backward(name, precision, problem, inputs, grad_out, call,
+                                   io_bytes + max(forward_bytes, backward_bytes), stage.source_hash, is_ours=True,
+                                   pass_=pass_)
         except FaError as error:
             status = "unsupported" if error.status in (FA_INVALID_SHAPE, FA_UNSUPPORTED) else "error"
             self.row(name, problem, precision, status=status, source_hash=stage.source_hash,
-                     note=one_line(f"{error.status_name}: {error.message}"), **{"pass": "bwd"})
+                     note=one_line(f"{error.status_name}: {error.message}"), **{"pass": pass_})
             if status == "error":
-                self.failures.append(f"{name} {precision} bwd {problem.describe()}: {error.message}")
+                self.failures.append(f"{name} {precision} {pass_} {problem.describe()}: {error.message}")
                 self.require_healthy_context()
         except RuntimeError as error:
             self.row(name, problem, precision, status="error", source_hash=stage.source_hash, note=one_line(error),
-                     **{"pass": "bwd"})
-            self.failures.append(f"{name} {precision} bwd {problem.describe()}: {one_line(error)}")
+                     **{"pass": pass_})
+            self.failures.append(f"{name} {precision} {pass_} {problem.describe()}: {one_line(error)}")
             self.require_healthy_context()
 
-    def run_peer_backward(self, peer: str, problem: Problem, inputs, precision: str) -> None:
+    def run_peer_backward(self, peer: str, problem: Problem, inputs, precision: str, pass_: str = "bwd") -> None:
         torch = self.torch
-        if self.should_skip(peer, precision, problem, "bwd"):
+        if self.should_skip(peer, precision, problem, pass_):
             return
         leaves = [t.detach().requires_grad_() for t in inputs]
         grad_out = make_grad_out(torch, problem, inputs[0].dtype, self.config.seed)
@@ -771,27 +782,30 @@ class TorchRunner:
             torch.autograd.grad(out, leaves, grad_out, retain_graph=True)  # the backend may refuse here
             return out
 
-        def measure(_, out, peak):
+        def measure(forward, out, peak):
             def call():
+                if pass_ == "fwd+bwd":
+                    return torch.autograd.grad(forward(), leaves, grad_out)
                 return torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
 
-            self.measured_backward(peer, precision, problem, inputs, out.detach(), grad_out, call, peak, "",
-                                   is_ours=False)
+            self.measured_backward(peer, precision, problem, inputs, grad_out, call, peak, "", is_ours=False,
+                                   pass_=pass_)
 
-        self.run_peer_pass(peer, problem, precision, "bwd", lambda: sdpa_call(torch, *leaves, problem),
+        self.run_peer_pass(peer, problem, precision, pass_, lambda: sdpa_call(torch, *leaves, problem),
                            input_bytes=2 * sum(t.numel() for t in inputs) * inputs[0].element_size(),  # Q, K, V, dO, O
                            first=first, measure=measure)
 
-    def measured_backward(self, name: str, precision: str, problem: Problem, inputs, out, grad_out, call,
-                          peak_bytes: int, source_hash: str, is_ours: bool) -> None:
+    def measured_backward(self, name: str, precision: str, problem: Problem, inputs, grad_out, call,
+                          peak_bytes: int, source_hash: str, is_ours: bool, pass_: str = "bwd") -> None:
         """Times `call` (it returns dQ, dK, dV; its first call also feeds the check against the float64
-        backward) and writes the pass=bwd row: 2.5x the forward's FLOPs, the backward's minimum bytes."""
+        backward) and writes the row of `pass_` (bwd: 2.5x the forward's FLOPs and the backward's
+        minimum bytes; fwd+bwd: 3.5x, and both passes' bytes)."""
         config = self.config
         grads, first_ms = first_call(self.torch, call)
         check = compare_gradients(self.torch, problem, inputs, grad_out, grads, config.check_heads)
         del grads
-        flops = problem.flops("bwd")
-        ms_median, ms_min, notes = self.time_row(name, precision, problem, "bwd", call, first_ms)
+        flops = problem.flops(pass_)
+        ms_median, ms_min, notes = self.time_row(name, precision, problem, pass_, call, first_ms)
         status, wrong = "ok", []
         bound = GRADIENT_REL_L2_BOUND[precision]
         if check.non_finite:
@@ -803,15 +817,15 @@ class TorchRunner:
         if wrong and is_ours:
             status = "error"
             notes = ["wrong: " + "; ".join(wrong)] + notes
-            self.failures.append(f"{name} {precision} bwd {problem.describe()}: {'; '.join(wrong)}")
+            self.failures.append(f"{name} {precision} {pass_} {problem.describe()}: {'; '.join(wrong)}")
         else:
             notes = wrong + notes
-        min_bytes = problem.minimum_bytes(precision, "bwd")
+        min_bytes = problem.minimum_bytes(precision, pass_)
         max_abs = float("nan") if check.non_finite else check.max_abs
         self.row(name, problem, precision, ms_median=f"{ms_median:.6g}", ms_min=f"{ms_min:.6g}",
                  tflops=f"{flops / (ms_median / 1e3) / 1e12:.6g}", gbps=f"{min_bytes / (ms_median / 1e3) / 1e9:.6g}",
                  peak_bytes=peak_bytes, max_abs_err=f"{max_abs:.3e}", rel_l2_err=f"{check.rel_l2:.3e}", status=status,
-                 source_hash=source_hash, note="; ".join(notes), **{"pass": "bwd"})
+                 source_hash=source_hash, note="; ".join(notes), **{"pass": pass_})
 
     # ---- the whole run -------------------------------------------------------------------------
     def over_budget(self) -> bool:
@@ -820,16 +834,19 @@ class TorchRunner:
     def run(self, problems: Sequence[Problem], stages: Sequence[Stage], peers: Sequence[str],
             precisions: Sequence[str], causal_modes: Sequence[bool] = (False,), pass_: str = "fwd") -> None:
         """Every problem in every precision, with each causal mode: our stages of that precision, then
-        the peers; the forward pass, or with pass_='bwd' the backward pass alone (see run_stage_backward).
-        Raises ContextLost after a kernel fault (the rows so far are written)."""
+        the peers; the forward pass, or with pass_='bwd' the backward pass alone, with 'fwd+bwd' both
+        (see run_stage_backward). Raises ContextLost after a kernel fault (the rows so far are written)."""
         torch = self.torch
         for peer in peers:
             if peer not in PEERS:
                 raise ValueError(f"unknown peer '{peer}' (choose from {', '.join(PEERS)})")
-        if pass_ not in ("fwd", "bwd"):
-            raise ValueError(f"pass '{pass_}': this runner measures 'fwd' or 'bwd'")
-        run_stage = self.run_stage if pass_ == "fwd" else self.run_stage_backward
-        run_peer = self.run_peer if pass_ == "fwd" else self.run_peer_backward
+        if pass_ not in ("fwd", "bwd", "fwd+bwd"):
+            raise ValueError(f"pass '{pass_}': this runner measures 'fwd', 'bwd' or 'fwd+bwd'")
+        if pass_ == "fwd":
+            run_stage, run_peer = self.run_stage, self.run_peer
+        else:
+            run_stage = functools.partial(self.run_stage_backward, pass_=pass_)
+            run_peer = functools.partial(self.run_peer_backward, pass_=pass_)
         pending = [(problem, p) for problem in problems for p in precisions]
         for index, (problem, precision) in enumerate(pending):
             if self.over_budget():
