@@ -1,10 +1,13 @@
 """Whether the op's tests of one half can run in this interpreter, and if not, why: the test
 classes skip with this reason, and run.py turns it into ctest's "skipped" (or a failure under
-FA_REQUIRE_GPU=1) before pytest starts. Imports nothing heavy until asked."""
+FA_REQUIRE_GPU=1) before pytest starts. Importing it puts the fa_course package on sys.path (no
+pip install needed); it imports nothing heavy until asked."""
 
+import os
 import sys
 
-MODES = ("cpu", "gpu")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "python"))
 
 
 def unavailable_reason(mode: str) -> str:

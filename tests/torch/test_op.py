@@ -20,11 +20,10 @@ import os
 
 import pytest
 
-import availability
+import availability  # also puts the fa_course package on sys.path
 
 torch = pytest.importorskip("torch")
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # the unit roundoff of each 16-bit format (and FP32 for the CPU stages)
 UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
 PRECISIONS = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -127,7 +126,8 @@ def make_problem(shape, dtype, device, seed=0):
 
 def load_training_example():
     """scripts/train_attention.py as a module: its model is the one the training example trains."""
-    spec = importlib.util.spec_from_file_location("train_attention", os.path.join(REPO, "scripts", "train_attention.py"))
+    path = os.path.join(availability.REPO, "scripts", "train_attention.py")
+    spec = importlib.util.spec_from_file_location("train_attention", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
