@@ -284,14 +284,14 @@ phase_torch() {
       status=1
   fi
   # The backward pass alone (pass = bwd) at issue 20's shapes, FP16 and BF16, beside PyTorch's fused
-  # backward passes; causal at D = 128.
+  # backward passes; causal too.
   if [ -n "$backward" ]; then
     python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --pass bwd \
       --shapes 4x16x4096x64,4x16x4096x128,1x16x16384x128 --stages "$backward" --dtype fp16,bf16 \
       --peers torch_flash,torch_cudnn,torch_efficient --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
       status=1
     python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --pass bwd --causal on \
-      --shapes 4x16x4096x128 --stages "$backward" --dtype fp16,bf16 \
+      --shapes 4x16x4096x64,4x16x4096x128 --stages "$backward" --dtype fp16,bf16 \
       --peers torch_flash,torch_cudnn,torch_efficient --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
       status=1
     # Forward and backward in one timed call, as a training step runs them (pass = fwd+bwd).
@@ -313,9 +313,12 @@ phase_torch() {
         --out "$out/data/$file" >>"$out/logs/torch.log" 2>&1 || status=1
     done
   fi
-  note "torch: $([ $status -eq 0 ] && echo ok || echo FAILED) ($(($(wc -l <"$out/data/torch.csv" 2>/dev/null || echo 1) - 1)) rows, $(($(wc -l <"$out/data/torch_graph.csv" 2>/dev/null || echo 1) - 1)) graph-timed)"
+  note "torch: $([ $status -eq 0 ] && echo ok || echo FAILED) ($(data_rows torch.csv) rows, $(data_rows torch_graph.csv) graph-timed)"
   return $status
 }
+
+# The rows of OUTDIR/data/FILE below its header (0 when the phase wrote none).
+data_rows() { if [ -f "$out/data/$1" ]; then echo $(($(wc -l <"$out/data/$1") - 1)); else echo 0; fi; }
 
 phase_ceilings() {
   local mma=()

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -149,7 +150,7 @@ TEST_CASE("stage11: describes what it takes") {
   // Needs no device.
   for (const auto factory : kGpuStages) {
     const fa::StageDescriptor stage = factory();
-    CHECK(stage.max_dim == 128);
+    CHECK(stage.max_dim == 256);
     CHECK(stage.architecture.compute_capability == 80);
     CHECK(stage.features.backward);
     CHECK(stage.features.lse);
@@ -160,7 +161,7 @@ TEST_CASE("stage11: describes what it takes") {
     const fa::Problem problem = fa::Problem::square(2, 3, 100, 64);
     CHECK(fa::workspace_bytes(stage, problem, fa::Pass::forward) == 0);
     CHECK(fa::workspace_bytes(stage, problem, fa::Pass::backward) == 4 * (problem.q_elements() + problem.q_rows()));
-    CHECK_FALSE(fa::unsupported_reason(stage, fa::Problem::square(1, 1, 64, 129), true, fa::Pass::backward).empty());
+    CHECK_FALSE(fa::unsupported_reason(stage, fa::Problem::square(1, 1, 64, 257), true, fa::Pass::backward).empty());
     CHECK(fa::unsupported_reason(stage, fa::Problem{2, 8, 2, 70, 35, 100, true}, true, fa::Pass::backward).empty());
   }
   const fa::StageDescriptor cpu = fa::stages::backward_cpu();
@@ -171,14 +172,15 @@ TEST_CASE("stage11: describes what it takes") {
 
 TEST_CASE("stage11: the mma.sync backward matches the reference gradients in both buckets") {
   // D % 8 == 0 takes cp.async, others the synchronous copies; 8 .. 64 use the 64 bucket, 72 .. 128
-  // the 128 bucket (Br = 64 and 32). N = 1, 31 (less than a tile), 64 (exactly one), 65, 130, 197
-  // (several query and key tiles, partial last ones).
+  // the 128 bucket (Br = 64 and 32), 136 .. 256 the 256 bucket (two blocks per key tile, each half
+  // the dims). N = 1, 31 (less than a tile), 64 (exactly one), 65, 130, 197 (several query and key
+  // tiles, partial last ones).
   for (const auto factory : kGpuStages) {
     const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 1200;
     for (const int64_t seq : {1, 31, 64, 65, 130, 197}) {
-      for (const int64_t dim : {1, 8, 17, 40, 64, 72, 100, 128}) {
+      for (const int64_t dim : {1, 8, 17, 40, 64, 72, 100, 128, 130, 136, 200, 256}) {
         check_backward(stage, fa::Problem::square(2, 2, seq, dim), seed++);
       }
     }
@@ -192,7 +194,7 @@ TEST_CASE("stage11: the mma.sync backward under the causal mask") {
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 1300;
     for (const int64_t seq : {1, 5, 63, 64, 65, 100, 128, 333}) {
-      for (const int64_t dim : {40, 64, 100, 128}) {
+      for (const int64_t dim : {40, 64, 100, 128, 256}) {
         check_backward(stage, fa::Problem::square(2, 1, seq, dim, true), seed++);
       }
     }
@@ -205,8 +207,27 @@ TEST_CASE("stage11: the mma.sync backward takes grouped-query heads and Nq != Nk
     const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 1400;
-    for (const int64_t dim : {64, 128, 72, 100}) {
+    for (const int64_t dim : {64, 128, 72, 100, 192}) {
       for (const fa::Problem& problem : general_problems(dim)) check_backward(stage, problem, seed++);
+    }
+  }
+}
+
+TEST_CASE("stage11: with FA_DETERMINISTIC=1 the mma.sync backward's dQ pass matches the reference") {
+  // dQ from grad_query_kernel (query tiles own it) instead of atomics: every bucket, odd dims,
+  // causal with blind rows, grouped-query heads.
+  ::setenv("FA_DETERMINISTIC", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("FA_DETERMINISTIC"); }
+  } unset;
+  for (const auto factory : kGpuStages) {
+    const fa::StageDescriptor stage = factory();
+    fa::test::require_stage_runnable(stage);
+    uint64_t seed = 1600;
+    for (const int64_t dim : {17, 64, 100, 128, 256}) {
+      check_backward(stage, fa::Problem::square(2, 2, 130, dim), seed++);
+      check_backward(stage, fa::Problem::square(2, 1, 197, dim, true), seed++);
+      check_backward(stage, fa::Problem{2, 8, 2, 150, 70, dim, true}, seed++);
     }
   }
 }

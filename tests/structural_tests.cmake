@@ -81,6 +81,9 @@ foreach(arch 80 90)
   fa_add_spill_test(NAME "stage11: ptxas spills nothing to local memory (sm_${arch})"
     STAGE 11_backward SOURCE backward_mma.cu ARCH ${arch})
 endforeach()
+# On sm_90 a row's dQ adds go in 8-byte pairs (atomicAdd on float2): one 32-byte L2 sector a row of a warp.
+fa_add_structural_test(NAME "stage11: dQ's atomic adds go in 8-byte pairs (sm_90)"
+  STAGE 11_backward SOURCE backward_mma.cu ARCH 90 PATTERN "(red|atom)\\.global\\.add\\.v2\\.f32")
 # Stage 10 is stage 09 with FlashAttention-3's schedule: besides stage 09's instructions, a
 # wgmma.wait_group 1 (the wait for S that leaves P·V running) and the turn-taking named barriers
 # (bar.sync and bar.arrive with a thread count). No kernel may spill: S of one tile, P of the last

@@ -27,7 +27,10 @@ The registered ops (namespace fa_course):
       the backward pass and is not differentiable (marked so: a loss that uses it gets no gradient
       through it).
   torch.ops.fa_course.attention_backward(grad_out, q, k, v, out, lse, causal=False, stage="")
-      -> (dQ, dK, dV); dK and dV summed over each K/V head's query heads.
+      -> (dQ, dK, dV); dK and dV summed over each K/V head's query heads. Under
+      torch.use_deterministic_algorithms(True) it runs with FA_DETERMINISTIC=1 in the environment,
+      which 11_backward reads: dQ from a pass of its own, bitwise the same from run to run, instead of
+      FP32 atomics in no fixed order (stages/11_backward/README.md says what it costs).
 
 Each call allocates O, the LSE, the gradients and the stage's workspace (fa_workspace_bytes_v2) as
 torch tensors and runs on the current stream, so a CUDA graph captures it: the library allocates
@@ -42,6 +45,7 @@ it only when fa_course.attention is first asked for.
 
 import contextlib
 import functools
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -190,6 +194,24 @@ def _attention_fake(q, k, v, causal=False, stage="", backward_stage=""):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
+@contextlib.contextmanager
+def _deterministic_if_asked():
+    """FA_DETERMINISTIC=1 for the call when PyTorch is asked for deterministic algorithms (and the
+    environment does not already say so), then the environment as it was."""
+    if not torch.are_deterministic_algorithms_enabled() or os.environ.get("FA_DETERMINISTIC") == "1":
+        yield
+        return
+    previous = os.environ.get("FA_DETERMINISTIC")
+    os.environ["FA_DETERMINISTIC"] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["FA_DETERMINISTIC"]
+        else:
+            os.environ["FA_DETERMINISTIC"] = previous
+
+
 @torch.library.custom_op(f"{NAMESPACE}::attention_backward", mutates_args=())
 def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        out: torch.Tensor, lse: torch.Tensor, causal: bool = False,
@@ -203,8 +225,9 @@ def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         chosen = _stage("bwd", q, problem, stage)
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         workspace = _workspace(library, chosen, problem, "bwd", q.device)
-        library.backward(chosen.id, problem, q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v,
-                         stream=_stream(q.device), workspace=workspace)
+        with _deterministic_if_asked():
+            library.backward(chosen.id, problem, q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v,
+                             stream=_stream(q.device), workspace=workspace)
     return grad_q, grad_k, grad_v
 
 

@@ -1,17 +1,18 @@
 // Stage 11, second half: the FlashAttention-2 backward pass on mma.sync (sm_80 and newer).
 //
 // backward_cpu.cpp is the algorithm; this file is the same loop nest on the tensor cores. One
-// block owns one 64-key tile of one K/V head and keeps that tile's dK and dV in registers, in the
-// FP32 accumulators of mma.sync, while it walks every query tile of every query head that reads
-// the K/V head (its grouped-query heads included, so dK and dV are summed in registers and
-// written once: no workspace and no second pass for them). Each warp owns 16 keys of the tile:
+// block owns one key tile of one K/V head (128 keys, 8 warps; 64 keys, 4 warps where shared memory
+// is short: Tiling) and keeps that tile's dK and dV in registers, in the FP32 accumulators of
+// mma.sync, while it walks every query tile of every query head that reads the K/V head (its
+// grouped-query heads included, so dK and dV are summed in registers and written once: no
+// workspace and no second pass for them). Each warp owns 16 keys of the tile:
 //
-//   block (K/V head h, keys j0..j0+63)              the query tiles of h's group, in turn
+//   block (K/V head h, keys j0..j0+127)             the query tiles of h's group, in turn
 //   ┌────────────┐                                  ┌───────────┬───────────┬─────
 //   │ warp 0: 16 │  S^T = K Q^T   (16 × Br)          │ Q, dO,    │ Q, dO,    │
 //   │ warp 1: 16 │  P^T = exp2(S^T - LSE)           │ LSE, D    │ LSE, D    │ ...
-//   │ warp 2: 16 │  dV += P^T dO     (registers)    │ tile 0    │ tile 1    │
-//   │ warp 3: 16 │  dP^T = V dO^T                   └───────────┴───────────┴─────
+//   │    ...     │  dV += P^T dO     (registers)    │ tile 0    │ tile 1    │
+//   │ warp 7: 16 │  dP^T = V dO^T                   └───────────┴───────────┴─────
 //   └────────────┘  dS^T = P^T ∘ (dP^T - D)          cp.async ring: tile t+1 lands
 //   dK, dV stay     dK += dS^T Q      (registers)    while tile t is computed
 //   in registers    dS^T -> shared; dQ += dS K  (FP32 atomics into a workspace, every warp a part)
@@ -22,10 +23,12 @@
 // dS^T goes through shared memory once, where a transposing ldmatrix reads it as dS.
 //
 // dQ gets a share from every key tile, i.e. from many blocks: each adds its share to an FP32
-// copy of dQ with atomic adds (red.global.add.f32), and a last kernel scales it and rounds it to
-// the element type. Atomic adds in FP32 land in whatever order the blocks reach them, so dQ is
-// not bitwise deterministic from run to run (dK and dV are: one block sums each in a fixed
-// order). Before the main kernel, a preprocessing kernel computes D_i = rowsum(dO ∘ O).
+// copy of dQ with atomic adds (in 8-byte pairs on sm_90), and a last kernel scales it and rounds
+// it to the element type. Atomic adds in FP32 land in whatever order the blocks reach them, so
+// this dQ is not bitwise deterministic from run to run (dK and dV are: one block sums each in a
+// fixed order). With FA_DETERMINISTIC=1 a pass of its own makes dQ instead (grad_query_kernel,
+// below: query tiles own dQ and re-walk the keys), the same bits every run, at a price the README
+// measures. Before the main kernel, a preprocessing kernel computes D_i = rowsum(dO ∘ O).
 //
 // Shared tiles are stored with rows padded by 16 bytes instead of stage 08's swizzle: a row of
 // 144 or 272 bytes moves the 8 row addresses of an ldmatrix onto 8 different 16-byte bank groups,
@@ -38,6 +41,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
+#include <type_traits>
 
 #include "fa/causal.hpp"
 #include "fa/cuda_check.hpp"
@@ -82,19 +88,29 @@ constexpr int kMmaRows = 16;       // the M of mma.m16n8k16
 constexpr int kMmaDepth = 16;      // its K
 constexpr int kMmaCols = 8;        // its N: the columns of one FP32 accumulator tile
 constexpr int kChunkElements = 8;  // 16 bytes of a 16-bit type: one cp.async, one ldmatrix row
-constexpr int kMaxDim = 128;
+constexpr int kMaxDim = 256;
+constexpr int kMaxGradDims = 128;  // the dims of dK, dV and dQ one block owns, at most (registers)
 constexpr unsigned kFullWarp = 0xffffffffu;
-
-// Everything that sizes the kernel of one head-dim bucket.
-template <int kDim>
+// Everything that sizes the kernel of one head-dim bucket. Eight warps (128 keys, 64 query rows a
+// step) where shared memory allows: each Q and dO tile brought in serves twice the keys, and a
+// step twice the queries. Four warps (64 keys, 32 rows at D > 64) where it does not: D = 128 on
+// GPUs with 99 KB a block (sm_86, sm_89), and D = 256 (an A100 has 163 KB).
+template <int kDim, int kWarpCount>
 struct Tiling {
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = kWarpCount;
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kKeys = kWarps * kMmaRows;  // Bc: each warp owns 16 keys
+  // 8 warps an SM: 255 registers a thread, and no further block for ptxas to spill registers for.
+  static constexpr int kBlocksPerSm = 8 / kWarps;
   // Query rows per step (Br). The registers of a warp hold dK and dV for its 16 keys (64 FP32 per
-  // thread at D = 128) plus S^T and dP^T for 16 keys × Br queries: Br = 32 at D = 128, 64 at D = 64.
-  static constexpr int kQueries = kDim <= 64 ? 64 : 32;
+  // thread at D = 128) plus S^T and dP^T for 16 keys × Br queries (32 at Br = 64).
+  static constexpr int kQueries = kWarps == 8 || kDim <= 64 ? 64 : 32;
   static constexpr int kStages = 2;  // query tiles in the cp.async ring
+  // The output dims a block owns: all of them up to D = 128. At D = 256 dK and dV of 16 keys would
+  // be 256 registers a thread: two blocks share each key tile, one for each half of the dims of
+  // dK, dV and dQ. Both compute S^T and dP^T over all the dims, which costs two products twice.
+  static constexpr int kGradDims = kDim < kMaxGradDims ? kDim : kMaxGradDims;
+  static constexpr int kDimParts = kDim / kGradDims;
 
   static constexpr int kRowStride = kDim + kChunkElements;        // padded row, in elements
   static constexpr int kScoreStride = kQueries + kChunkElements;  // dS^T row (one key), in elements
@@ -107,13 +123,15 @@ struct Tiling {
   static constexpr int kRowDataOffset = kRingOffset + kStages * 2 * kQueryTileElements;
   static constexpr int kSharedBytes = kRowDataOffset * 2 + kStages * 2 * kQueries * 4;
 
-  // dQ += dS K: the Br × D product is split among the warps, 16 query rows × kDqDims dims each.
+  // dQ += dS K: the block's Br × kGradDims part is split among the warps, 16 query rows × kDqDims
+  // dims each.
   static constexpr int kQueryStrips = kQueries / kMmaRows;
-  static constexpr int kDqDims = kDim * kQueryStrips / kWarps;
+  static constexpr int kDqDims = kGradDims * kQueryStrips / kWarps;
 
   static_assert(kDim % kMmaDepth == 0 && kQueries % kMmaDepth == 0, "whole 16-wide mma steps");
   static_assert(kWarps % kQueryStrips == 0 && kDqDims % (2 * kMmaCols) == 0, "dQ splits evenly among the warps");
   static_assert(kThreads % (kDim / kChunkElements) == 0, "whole rows in every pass of a tile copy");
+  static_assert(kDim % kGradDims == 0, "the dim parts cover the bucket");
 };
 
 // Copies rows [0, kRows) of a (rows × dim) matrix into a padded shared tile, zeros past
@@ -139,6 +157,22 @@ __device__ void copy_tile(Element* tile, const Element* source, int valid_rows, 
                                                                       : to_element<Element>(0.0f);
     }
   }
+}
+
+// destination[0] += x and destination[1] += y in L2 (those of the two below `valid`). A warp's
+// pairs lie 8 to a row, 32 contiguous bytes: on sm_90 one 8-byte atomic a pair
+// (red.global.add.v2.f32) makes a row's eight adds one full 32-byte L2 sector operation, where two
+// 4-byte atomics make two half-used ones. kPaired: the row's dims are whole 8-byte-aligned pairs.
+template <bool kPaired>
+__device__ __forceinline__ void add_pair(float* destination, float x, float y, int valid) {
+#if __CUDA_ARCH__ >= 900
+  if constexpr (kPaired) {
+    if (valid > 0) atomicAdd(reinterpret_cast<float2*>(destination), make_float2(x, y));
+    return;
+  }
+#endif
+  if (valid > 0) atomicAdd(destination, x);
+  if (valid > 1) atomicAdd(destination + 1, y);
 }
 
 // Preprocessing: D_i = rowsum(dO ∘ O) in FP32, one warp per query row.
@@ -168,19 +202,21 @@ __global__ void scale_grad_query_kernel(const float* __restrict__ accumulated, E
 
 // One block: keys [key_base, key_base + 64) of one K/V head, against every query row of its group.
 // Q, O, dO, dQ are (B, Hq, Nq, D), K, V, dK, dV (B, Hkv, Nk, D), LSE and D (B, Hq, Nq).
-template <typename Element, int kDim, bool kAsync>
-__global__ void __launch_bounds__(Tiling<kDim>::kThreads)
+// kAtomicGradQuery: the block adds its share of dQ with atomics (else the dQ pass below makes dQ).
+template <typename Element, int kDim, int kWarpCount, bool kAsync, bool kAtomicGradQuery>
+__global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDim, kWarpCount>::kBlocksPerSm)
     backward_kernel(const Element* __restrict__ q, const Element* __restrict__ k, const Element* __restrict__ v,
                     const Element* __restrict__ grad_out, const float* __restrict__ lse,
                     const float* __restrict__ row_delta, float* __restrict__ grad_q_accumulator,
                     Element* __restrict__ grad_k, Element* __restrict__ grad_v, int q_seq, int kv_seq, int dim,
                     int key_tiles, int q_heads, int kv_heads, bool causal, float scale, float scale_log2) {
 #if FA_STAGE11_DEVICE_CODE
-  using T = Tiling<kDim>;
+  using T = Tiling<kDim, kWarpCount>;
   constexpr int kDimSteps = kDim / kMmaDepth;           // 16-dim steps (and 16-dim pairs of tiles)
   constexpr int kQuerySteps = T::kQueries / kMmaDepth;  // 16-query steps (and pairs of tiles)
   constexpr int kScoreTiles = T::kQueries / kMmaCols;   // 8-query accumulator tiles of S^T
-  constexpr int kGradTiles = kDim / kMmaCols;           // 8-dim accumulator tiles of dK, dV
+  constexpr int kGradSteps = T::kGradDims / kMmaDepth;  // 16-dim pairs of dK, dV tiles
+  constexpr int kGradTiles = T::kGradDims / kMmaCols;   // 8-dim accumulator tiles of dK, dV
   constexpr int kDqTiles = T::kDqDims / kMmaCols;       // 8-dim accumulator tiles of a warp's dQ part
 
   extern __shared__ __align__(128) unsigned char shared[];
@@ -204,6 +240,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
   const int64_t first_query_head = kv_head / kv_heads * q_heads + kv_head % kv_heads * group_size;
   const int key_base = key_tile_index * T::kKeys;
   const int valid_keys = min(T::kKeys, kv_seq - key_base);
+  const int grad_dim_base = static_cast<int>(blockIdx.y) * T::kGradDims;  // the block's dims of dK, dV, dQ
   const int64_t kv_offset = (kv_head * kv_seq + key_base) * dim;
 
   // The query rows that see any key of this tile: all, or under the causal mask (bottom-right
@@ -257,7 +294,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
   };
   const int warp_key = warp * kMmaRows;  // the warp's first key in the tile
 
-  float key_grad[kGradTiles][4] = {};    // dK for the warp's 16 keys, unscaled
+  float key_grad[kGradTiles][4] = {};    // dK for the warp's 16 keys and the block's dims, unscaled
   float value_grad[kGradTiles][4] = {};  // dV
 
 #pragma unroll 1
@@ -319,10 +356,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
                                  pack_pair<Element>(scores[2 * j + 1][0], scores[2 * j + 1][1]),
                                  pack_pair<Element>(scores[2 * j + 1][2], scores[2 * j + 1][3])};
 #pragma unroll
-      for (int pair = 0; pair < kDimSteps; ++pair) {
+      for (int pair = 0; pair < kGradSteps; ++pair) {
         unsigned grads[4];
-        load_matrices_transposed(
-            grads, address(grad_out_slot, j * kMmaDepth + a_row, pair * kMmaDepth + a_chunk * 8, T::kRowStride));
+        load_matrices_transposed(grads, address(grad_out_slot, j * kMmaDepth + a_row,
+                                                grad_dim_base + pair * kMmaDepth + a_chunk * 8, T::kRowStride));
         mma_16x8x16<Element>(value_grad[2 * pair], probs, grads[0], grads[1]);
         mma_16x8x16<Element>(value_grad[2 * pair + 1], probs, grads[2], grads[3]);
       }
@@ -365,29 +402,30 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
                                        pack_pair<Element>(scores[2 * j + 1][2], scores[2 * j + 1][3])};
       // Register r of the fragment holds keys group (r even) or group + 8 (r odd), queries
       // 16j + 8·(r / 2) + 2·quad and the next.
+      if constexpr (kAtomicGradQuery) {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int row = warp_key + group + 8 * (r % 2);
-        const int column = j * kMmaDepth + 8 * (r / 2) + 2 * quad;
-        *reinterpret_cast<unsigned*>(score_tile + row * T::kScoreStride + column) = grad_scores[r];
+        for (int r = 0; r < 4; ++r) {
+          const int row = warp_key + group + 8 * (r % 2);
+          const int column = j * kMmaDepth + 8 * (r / 2) + 2 * quad;
+          *reinterpret_cast<unsigned*>(score_tile + row * T::kScoreStride + column) = grad_scores[r];
+        }
       }
 #pragma unroll
-      for (int pair = 0; pair < kDimSteps; ++pair) {
+      for (int pair = 0; pair < kGradSteps; ++pair) {
         unsigned queries[4];
-        load_matrices_transposed(
-            queries, address(query_slot, j * kMmaDepth + a_row, pair * kMmaDepth + a_chunk * 8, T::kRowStride));
+        load_matrices_transposed(queries, address(query_slot, j * kMmaDepth + a_row,
+                                                  grad_dim_base + pair * kMmaDepth + a_chunk * 8, T::kRowStride));
         mma_16x8x16<Element>(key_grad[2 * pair], grad_scores, queries[0], queries[1]);
         mma_16x8x16<Element>(key_grad[2 * pair + 1], grad_scores, queries[2], queries[3]);
       }
     }
-    __syncthreads();  // the whole dS^T tile is in shared memory
-
-    // dQ += dS K for the step's rows: warp w takes query strip w % strips and kDqDims dims from
-    // (w / strips)·kDqDims. dS is read from dS^T transposed on load ("B rows" on dS^T); K as B,
+    // dQ += dS K for the step's rows and the block's dims: warp w takes query strip w % strips and
+    // kDqDims dims from (w / strips)·kDqDims on. dS is read from dS^T transposed on load ("B rows" on dS^T); K as B,
     // transposed on load ("A rows").
-    {
+    if constexpr (kAtomicGradQuery) {
+      __syncthreads();  // the whole dS^T tile is in shared memory
       const int strip = warp % T::kQueryStrips;
-      const int dim_base = warp / T::kQueryStrips * T::kDqDims;
+      const int dim_base = grad_dim_base + warp / T::kQueryStrips * T::kDqDims;
       float query_grad[kDqTiles][4] = {};
 #pragma unroll
       for (int key_step = 0; key_step < T::kKeys / kMmaDepth; ++key_step) {
@@ -412,18 +450,15 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
         float* destination = grad_q_accumulator + (strip_row + group + 8 * half) * dim;
 #pragma unroll
         for (int n = 0; n < kDqTiles; ++n) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int column = dim_base + n * kMmaCols + 2 * quad + e;
-            if (column < dim) atomicAdd(destination + column, query_grad[n][2 * half + e]);
-          }
+          const int column = dim_base + n * kMmaCols + 2 * quad;
+          add_pair<kAsync>(destination + column, query_grad[n][2 * half], query_grad[n][2 * half + 1], dim - column);
         }
       }
     }
   }
 
   // dK = scale · Σ dS^T Q and dV, once, for the warp's 16 keys: lane holds keys group and
-  // group + 8, dims 8n + 2·quad and the next.
+  // group + 8, dims grad_dim_base + 8n + 2·quad and the next.
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int key = warp_key + group + 8 * half;
@@ -432,7 +467,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
     Element* value_destination = grad_v + kv_offset + static_cast<int64_t>(key) * dim;
 #pragma unroll
     for (int n = 0; n < kGradTiles; ++n) {
-      const int column = n * kMmaCols + 2 * quad;
+      const int column = grad_dim_base + n * kMmaCols + 2 * quad;
       if constexpr (kAsync) {  // dim % 8 == 0 and aligned rows: a pair is one 4-byte store
         if (column < dim) {
           *reinterpret_cast<unsigned*>(key_destination + column) =
@@ -456,17 +491,230 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
 #endif
 }
 
+// The dQ pass: one block owns 64 query rows of one query head (16 a warp) and walks the key tiles
+// of its K/V head in order, as the forward does, rebuilding P and dS there as the main kernel
+// does and summing dQ = dS K in registers. Each dQ element has one owner and one order of
+// additions: dQ is bitwise the same from run to run. The price: S and dP are computed a second
+// time (seven products in all, not five), in exchange for no atomics and no dS^T round trip.
+//
+//   S  = Q Kᵀ            Q as A ("A rows"), K as Bᵀ ("B rows")              stage 08's QKᵀ
+//   P  = 2^(S·scale·log2 e − LSE·log2 e), masked
+//   dP = dO Vᵀ           dO as A, V as Bᵀ, like S
+//   dS = P ∘ (dP − D)
+//   dQ += dS K           dS from the accumulators as A (the P trick), K as B transposed on load
+template <int kDim>
+struct GradQueryTiling {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kQueries = kWarps * kMmaRows;  // Br: each warp owns 16 query rows
+  static constexpr int kKeys = kDim > 128 ? 32 : 64;  // Bc (D = 256: a 163 KB block fits an A100)
+  static constexpr int kStages = 2;                   // K/V tiles in the cp.async ring
+  // The dims of dQ a block owns, as in the main kernel: at D = 256 two blocks per query tile.
+  static constexpr int kGradDims = kDim < kMaxGradDims ? kDim : kMaxGradDims;
+  static constexpr int kDimParts = kDim / kGradDims;
+  static constexpr int kRowStride = kDim + kChunkElements;
+  static constexpr int kQueryTileElements = kQueries * kRowStride;
+  static constexpr int kKvTileElements = kKeys * kRowStride;
+  // Shared memory, in elements: Q, dO, then per ring slot K and V.
+  static constexpr int kRingOffset = 2 * kQueryTileElements;
+  static constexpr int kSharedBytes = (kRingOffset + kStages * 2 * kKvTileElements) * 2;
+};
+
+template <typename Element, int kDim, bool kAsync>
+__global__ void __launch_bounds__(GradQueryTiling<kDim>::kThreads)
+    grad_query_kernel(const Element* __restrict__ q, const Element* __restrict__ k, const Element* __restrict__ v,
+                      const Element* __restrict__ grad_out, const float* __restrict__ lse,
+                      const float* __restrict__ row_delta, Element* __restrict__ grad_q, int q_seq, int kv_seq, int dim,
+                      int query_tiles, int q_heads, int kv_heads, bool causal, float scale, float scale_log2) {
+#if FA_STAGE11_DEVICE_CODE
+  using T = GradQueryTiling<kDim>;
+  constexpr int kDimSteps = kDim / kMmaDepth;           // 16-dim steps (and 16-dim pairs of tiles)
+  constexpr int kKeySteps = T::kKeys / kMmaDepth;       // 16-key steps (and pairs of tiles)
+  constexpr int kScoreTiles = T::kKeys / kMmaCols;      // 8-key accumulator tiles of S
+  constexpr int kGradSteps = T::kGradDims / kMmaDepth;  // 16-dim pairs of dQ tiles
+  constexpr int kGradTiles = T::kGradDims / kMmaCols;   // 8-dim accumulator tiles of dQ
+
+  extern __shared__ __align__(128) unsigned char shared[];
+  Element* const tiles = reinterpret_cast<Element*>(shared);
+  Element* const query_tile = tiles;
+  Element* const grad_out_tile = tiles + T::kQueryTileElements;
+
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int group = lane / 4;
+  const int quad = lane % 4;
+
+  const int query_tile_index = static_cast<int>(blockIdx.x % static_cast<unsigned>(query_tiles));
+  const int64_t query_head = blockIdx.x / static_cast<unsigned>(query_tiles);  // b·Hq + h
+  const int group_size = q_heads / kv_heads;
+  const int64_t kv_head = query_head / q_heads * kv_heads + query_head % q_heads / group_size;
+  const int query_base = query_tile_index * T::kQueries;
+  const int valid_rows = min(T::kQueries, q_seq - query_base);
+  const int64_t first_row = query_head * q_seq + query_base;
+  const int64_t kv_offset = kv_head * kv_seq * dim;
+  const int grad_dim_base = static_cast<int>(blockIdx.y) * T::kGradDims;  // the block's dims of dQ
+  // The keys the tile's last row sees bound the walk: under the mask the tiles past it are never loaded.
+  const int key_end = static_cast<int>(visible_key_end(query_base + valid_rows - 1, q_seq, kv_seq, causal));
+  const int key_tiles = (key_end + T::kKeys - 1) / T::kKeys;
+  // Below this key every row of the block sees every key: tiles under it need no mask.
+  const int unmasked_end = static_cast<int>(visible_key_end(query_base, q_seq, kv_seq, causal));
+
+  const auto issue_tile = [&](int tile) {
+    Element* key_slot = tiles + T::kRingOffset + tile % T::kStages * 2 * T::kKvTileElements;
+    const int64_t offset = kv_offset + static_cast<int64_t>(tile) * T::kKeys * dim;
+    const int valid_keys = kv_seq - tile * T::kKeys;
+    copy_tile<kAsync, Element, kDim, T::kKeys, T::kThreads>(key_slot, k + offset, valid_keys, dim);
+    copy_tile<kAsync, Element, kDim, T::kKeys, T::kThreads>(key_slot + T::kKvTileElements, v + offset, valid_keys, dim);
+  };
+  copy_tile<kAsync, Element, kDim, T::kQueries, T::kThreads>(query_tile, q + first_row * dim, valid_rows, dim);
+  copy_tile<kAsync, Element, kDim, T::kQueries, T::kThreads>(grad_out_tile, grad_out + first_row * dim, valid_rows,
+                                                             dim);
+  if (key_tiles > 0) issue_tile(0);
+  commit_copies();
+
+  const int a_row = lane % 16;
+  const int a_chunk = lane / 16;
+  const int b_row = lane / 16 * 8 + lane % 8;
+  const int b_chunk = lane / 8 % 2;
+  const auto address = [](const Element* tile, int row, int column) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(tile + row * T::kRowStride + column));
+  };
+  const int warp_row = warp * kMmaRows;  // the warp's first row in the tile
+
+  // Per lane, rows group and group + 8 of the warp's strip: the LSE (log2 units) and D. A row past
+  // Nq gets LSE = +inf, so P = 0: it adds nothing and is not written.
+  float row_lse[2];
+  float row_d[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = warp_row + group + 8 * half;
+    const bool inside = row < valid_rows;
+    row_lse[half] = inside ? lse[first_row + row] * kLog2e : INFINITY;
+    row_d[half] = inside ? row_delta[first_row + row] : 0.0f;
+  }
+
+  float query_grad[kGradTiles][4] = {};  // dQ for the warp's 16 rows and the block's dims, unscaled
+
+#pragma unroll 1
+  for (int tile = 0; tile < key_tiles; ++tile) {
+    wait_copies<0>();
+    __syncthreads();  // tile `tile` has landed for every thread; every warp is done with tile - 1
+    if (tile + 1 < key_tiles) issue_tile(tile + 1);
+    commit_copies();
+    const Element* key_slot = tiles + T::kRingOffset + tile % T::kStages * 2 * T::kKvTileElements;
+    const Element* value_slot = key_slot + T::kKvTileElements;
+    const int key_base = tile * T::kKeys;
+
+    // S = Q Kᵀ for the warp's 16 rows and the tile's 64 keys.
+    float scores[kScoreTiles][4] = {};
+#pragma unroll
+    for (int d = 0; d < kDimSteps; ++d) {
+      unsigned queries[4];
+      load_matrices(queries, address(query_tile, warp_row + a_row, d * kMmaDepth + a_chunk * 8));
+#pragma unroll
+      for (int pair = 0; pair < kKeySteps; ++pair) {
+        unsigned keys[4];
+        load_matrices(keys, address(key_slot, pair * kMmaDepth + b_row, d * kMmaDepth + b_chunk * 8));
+        mma_16x8x16<Element>(scores[2 * pair], queries, keys[0], keys[1]);
+        mma_16x8x16<Element>(scores[2 * pair + 1], queries, keys[2], keys[3]);
+      }
+    }
+
+    // P = 2^(s · scale · log2 e − LSE · log2 e), 0 where the row may not see the key (by
+    // selection: a row that sees no key has LSE = -inf).
+    const bool needs_mask = key_base + T::kKeys > min(unmasked_end, kv_seq);
+#pragma unroll
+    for (int n = 0; n < kScoreTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key_base + n * kMmaCols + 2 * quad + e % 2;
+        const int row = query_base + warp_row + group + 8 * (e / 2);
+        const bool visible = !needs_mask || key < visible_key_end(row, q_seq, kv_seq, causal);
+        scores[n][e] = visible ? fast_exp2(fmaf(scores[n][e], scale_log2, -row_lse[e / 2])) : 0.0f;
+      }
+    }
+
+    // dP = dO Vᵀ, like S.
+    float grad_probs[kScoreTiles][4] = {};
+#pragma unroll
+    for (int d = 0; d < kDimSteps; ++d) {
+      unsigned grads[4];
+      load_matrices(grads, address(grad_out_tile, warp_row + a_row, d * kMmaDepth + a_chunk * 8));
+#pragma unroll
+      for (int pair = 0; pair < kKeySteps; ++pair) {
+        unsigned values[4];
+        load_matrices(values, address(value_slot, pair * kMmaDepth + b_row, d * kMmaDepth + b_chunk * 8));
+        mma_16x8x16<Element>(grad_probs[2 * pair], grads, values[0], values[1]);
+        mma_16x8x16<Element>(grad_probs[2 * pair + 1], grads, values[2], values[3]);
+      }
+    }
+
+    // dQ += dS K with dS = P ∘ (dP − D): tiles 2j and 2j + 1 of dS, rounded to 16-bit pairs, are
+    // the A fragment of keys 16j .. 16j + 15; K as B, transposed on load.
+#pragma unroll
+    for (int j = 0; j < kKeySteps; ++j) {
+      float grad_scores[2][4];
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          grad_scores[t][e] = scores[2 * j + t][e] * (grad_probs[2 * j + t][e] - row_d[e / 2]);
+        }
+      }
+      const unsigned fragment[4] = {pack_pair<Element>(grad_scores[0][0], grad_scores[0][1]),
+                                    pack_pair<Element>(grad_scores[0][2], grad_scores[0][3]),
+                                    pack_pair<Element>(grad_scores[1][0], grad_scores[1][1]),
+                                    pack_pair<Element>(grad_scores[1][2], grad_scores[1][3])};
+#pragma unroll
+      for (int pair = 0; pair < kGradSteps; ++pair) {
+        unsigned keys[4];
+        load_matrices_transposed(
+            keys, address(key_slot, j * kMmaDepth + a_row, grad_dim_base + pair * kMmaDepth + a_chunk * 8));
+        mma_16x8x16<Element>(query_grad[2 * pair], fragment, keys[0], keys[1]);
+        mma_16x8x16<Element>(query_grad[2 * pair + 1], fragment, keys[2], keys[3]);
+      }
+    }
+  }
+
+  // dQ = scale · Σ dS K, once: lane holds rows group and group + 8, dims grad_dim_base + 8n + 2·quad
+  // and the next.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = warp_row + group + 8 * half;
+    if (row >= valid_rows) continue;
+    Element* destination = grad_q + (first_row + row) * dim;
+#pragma unroll
+    for (int n = 0; n < kGradTiles; ++n) {
+      const int column = grad_dim_base + n * kMmaCols + 2 * quad;
+      if constexpr (kAsync) {
+        if (column < dim) {
+          *reinterpret_cast<unsigned*>(destination + column) =
+              pack_pair<Element>(query_grad[n][2 * half] * scale, query_grad[n][2 * half + 1] * scale);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (column + e < dim) destination[column + e] = to_element<Element>(query_grad[n][2 * half + e] * scale);
+        }
+      }
+    }
+  }
+#else
+  __trap();  // never launched: the runner refuses GPUs older than sm_80 (the descriptor's architecture)
+#endif
+}
+
 // The workspace: dQ in FP32 (the atomics' target), then D, one float per query row.
 int64_t workspace_bytes(const Problem& problem, Pass pass) {
   if (pass != Pass::backward) return 0;
   return (problem.q_elements() + problem.q_rows()) * static_cast<int64_t>(sizeof(float));
 }
 
-template <typename Element, int kDim, bool kAsync>
+template <typename Element, int kDim, int kWarpCount, bool kAsync, bool kAtomicGradQuery>
 Status launch(const BackwardArgs& args) {
-  using T = Tiling<kDim>;
+  using T = Tiling<kDim, kWarpCount>;
   const Problem& problem = args.problem;
-  const auto kernel = &backward_kernel<Element, kDim, kAsync>;
+  const auto kernel = &backward_kernel<Element, kDim, kWarpCount, kAsync, kAtomicGradQuery>;
   FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
   const int64_t key_tiles = (problem.kv_seq + T::kKeys - 1) / T::kKeys;
   const int64_t blocks = key_tiles * problem.kv_heads_total();
@@ -483,17 +731,37 @@ Status launch(const BackwardArgs& args) {
       <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kRowsPerBlock * kWarpSize, 0,
          args.stream>>>(static_cast<const Element*>(args.o), grad_out, row_delta, rows, static_cast<int>(problem.dim));
   FA_LAUNCH_TRY();
-  FA_CUDA_TRY(cudaMemsetAsync(grad_q_accumulator, 0, static_cast<std::size_t>(problem.q_elements()) * sizeof(float),
-                              args.stream));
+  if constexpr (kAtomicGradQuery) {
+    FA_CUDA_TRY(cudaMemsetAsync(grad_q_accumulator, 0, static_cast<std::size_t>(problem.q_elements()) * sizeof(float),
+                                args.stream));
+  }
 
-  // 2. One block per (K/V head, key tile): dK and dV, and dQ's shares.
-  kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
+  // 2. One block per (K/V head, key tile) and part of the dims: dK and dV, and dQ's shares.
+  const dim3 grid(static_cast<unsigned>(blocks), T::kDimParts);
+  kernel<<<grid, T::kThreads, T::kSharedBytes, args.stream>>>(
       static_cast<const Element*>(args.q), static_cast<const Element*>(args.k), static_cast<const Element*>(args.v),
       grad_out, args.lse, row_delta, grad_q_accumulator, static_cast<Element*>(args.grad_k),
       static_cast<Element*>(args.grad_v), static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq),
       static_cast<int>(problem.dim), static_cast<int>(key_tiles), static_cast<int>(problem.q_heads),
       static_cast<int>(problem.kv_heads), problem.causal, scale, scale * kLog2e);
   FA_LAUNCH_TRY();
+
+  if constexpr (!kAtomicGradQuery) {
+    // 3. dQ by its own pass: one block per (query head, 64-row query tile) and part of the dims.
+    using G = GradQueryTiling<kDim>;
+    const auto grad_query = &grad_query_kernel<Element, kDim, kAsync>;
+    FA_STATUS_TRY(opt_in_shared_memory(grad_query, G::kSharedBytes));
+    const int64_t query_tiles = (problem.q_seq + G::kQueries - 1) / G::kQueries;
+    const int64_t query_blocks = query_tiles * problem.q_heads_total();
+    FA_STATUS_TRY(check_grid(query_blocks));
+    grad_query<<<dim3(static_cast<unsigned>(query_blocks), G::kDimParts), G::kThreads, G::kSharedBytes, args.stream>>>(
+        static_cast<const Element*>(args.q), static_cast<const Element*>(args.k), static_cast<const Element*>(args.v),
+        grad_out, args.lse, row_delta, static_cast<Element*>(args.grad_q), static_cast<int>(problem.q_seq),
+        static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim), static_cast<int>(query_tiles),
+        static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads), problem.causal, scale, scale * kLog2e);
+    FA_LAUNCH_TRY();
+    return Status();
+  }
 
   // 3. dQ = scale · the sum, rounded to the element type.
   constexpr int kConvertThreads = 256;
@@ -503,6 +771,33 @@ Status launch(const BackwardArgs& args) {
       grad_q_accumulator, static_cast<Element*>(args.grad_q), elements, scale);
   FA_LAUNCH_TRY();
   return Status();
+}
+
+// FA_DETERMINISTIC=1 in the environment: dQ by the dQ pass, bitwise the same from run to run
+// (README: what it costs); otherwise by atomics. Read at every call, as PyTorch's op sets it.
+bool deterministic_grad_query() {
+  const char* value = std::getenv("FA_DETERMINISTIC");
+  return value != nullptr && std::string_view(value) == "1";
+}
+
+// The warp count of a bucket: eight where their block fits this GPU's shared memory, else four.
+template <typename Element, int kDim, bool kAsync>
+Status launch_bucket(const BackwardArgs& args, bool atomics) {
+  const auto with_warps = [&](auto warps) {
+    constexpr int kWarpCount = decltype(warps)::value;
+    return atomics ? launch<Element, kDim, kWarpCount, kAsync, true>(args)
+                   : launch<Element, kDim, kWarpCount, kAsync, false>(args);
+  };
+  if constexpr (kDim > kMaxGradDims) {
+    return with_warps(std::integral_constant<int, 4>{});
+  } else {
+    int device = 0;
+    int shared_limit = 0;
+    FA_CUDA_TRY(cudaGetDevice(&device));
+    FA_CUDA_TRY(cudaDeviceGetAttribute(&shared_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (Tiling<kDim, 8>::kSharedBytes <= shared_limit) return with_warps(std::integral_constant<int, 8>{});
+    return with_warps(std::integral_constant<int, 4>{});
+  }
 }
 
 // The runner has checked the problem (sizes, head dim, features) and the GPU (sm_80 or newer)
@@ -517,9 +812,11 @@ Status backward(const BackwardArgs& args) {
   // cp.async and the paired dK/dV stores need rows of whole, aligned 16-byte chunks.
   const bool async_copies = args.problem.dim % kChunkElements == 0 &&
                             all_aligned16({args.q, args.k, args.v, args.grad_o, args.grad_k, args.grad_v});
-  return dispatch_head_dim<64, kMaxDim>(args.problem.dim, [&](auto bucket) {
+  const bool atomics = !deterministic_grad_query();
+  return dispatch_head_dim<64, kMaxGradDims, kMaxDim>(args.problem.dim, [&](auto bucket) {
     constexpr int kBucket = decltype(bucket)::value;
-    return async_copies ? launch<Element, kBucket, true>(args) : launch<Element, kBucket, false>(args);
+    return async_copies ? launch_bucket<Element, kBucket, true>(args, atomics)
+                        : launch_bucket<Element, kBucket, false>(args, atomics);
   });
 }
 

@@ -67,8 +67,8 @@ COURSE = [
     course_stage("09_wgmma_tma/bf16", "bf16", ("lse",), **HOPPER),
     course_stage("10_overlap", "fp16", ("lse",), **HOPPER),
     course_stage("10_overlap/bf16", "bf16", ("lse",), **HOPPER),
-    course_stage("11_backward", "fp16", ("lse", "backward")),
-    course_stage("11_backward/bf16", "bf16", ("lse", "backward")),
+    course_stage("11_backward", "fp16", ("lse", "backward"), max_dim=256),
+    course_stage("11_backward/bf16", "bf16", ("lse", "backward"), max_dim=256),
     course_stage("11_backward/fp32", "fp32", ("lse", "backward"), architecture="cpu", capability=0, backend="cpu",
                  max_dim=256),
 ]

@@ -348,6 +348,23 @@ class TestGpuOp(OpChecks):
             out.backward(grad_out)
         torch.cuda.synchronize()  # the context is still healthy
 
+    def test_deterministic_algorithms_make_the_gradients_bitwise_repeatable(self, ops):
+        # torch.use_deterministic_algorithms(True): 11_backward's dQ pass instead of atomics. Four
+        # query heads a group and six key tiles: the atomics would add each dQ element in any order.
+        q, k, v, grad_out = make_problem((2, 8, 2, 300, 700, 128), torch.float16, "cuda", seed=3)
+        previous = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+        try:
+            first = gradients(ops.attention, q, k, v, grad_out, True)
+            second = gradients(ops.attention, q, k, v, grad_out, True)
+        finally:
+            torch.use_deterministic_algorithms(previous)
+        for name, a, b in zip(("O", "dQ", "dK", "dV"), first, second):
+            assert torch.equal(a, b), f"{name} differs between two deterministic runs"
+        with_atomics = gradients(ops.attention, q, k, v, grad_out, True)
+        for name, a, b in zip(("O", "dQ", "dK", "dV"), first, with_atomics):
+            torch.testing.assert_close(a, b, msg=f"{name}: deterministic vs atomics")
+
     def test_cuda_graph_capture_and_replay(self, ops):
         shape = (2, 8, 2, 256, 256, 64)
         q, k, v, grad_out = make_problem(shape, torch.bfloat16, "cuda")
