@@ -247,14 +247,14 @@ phase_torch() {
       --stages "$stages" --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 || status=1
   fi
   # The 16-bit stages (07 and later) beside PyTorch's fused backends at D = 64 and, on the
-  # seed001 shapes, with causal masking (is_causal=True).
+  # seed001 and seed004 shapes, with causal masking (is_causal=True).
   local fast
   fast=$(forward_stages | awk '$1 >= 7' | paste -sd, -)
   if [ -n "$fast" ]; then
     python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --shapes seed001-d64 \
       --stages "$fast" --peers torch_flash,torch_cudnn --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
       status=1
-    python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --shapes seed001 --causal on \
+    python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --shapes seed001 seed004 --causal on \
       --stages "$fast" --peers torch_flash,torch_cudnn --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
       status=1
   fi

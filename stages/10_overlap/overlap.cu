@@ -16,6 +16,14 @@
 //     ordered by named barriers (bar.sync to take the turn, bar.arrive to pass it on), so that one
 //     warpgroup's products run while the other computes its softmax.
 //
+// And one change fills the gaps between pieces of work: without the causal mask (and up to D = 128)
+// the blocks are persistent, one per SM, each looping over (query tile, head) pieces. A stage 09
+// block computed one piece and exited; the next block then had to start, set up its barriers and
+// wait for its first Q and K before any product could run: gaps that weigh most at short sequences
+// (N = 1024: 8 K/V tiles a piece). Here the producer runs ahead into the next piece: its K/V tiles
+// fill the ring, and its Q lands in the Q tile, while the consumers still finish the last piece's
+// P·V and write its O.
+//
 // Everything else (causal masking, grouped-query heads, Nq != Nk, any N, head dims 1 .. 256 in three
 // buckets with padded copies for D % 8 != 0, the log-sum-exp, the TMA store of O) is stage 09's;
 // `scripts/stage_diff 09 10` shows the schedule alone.
@@ -103,12 +111,18 @@ struct Tiling {
   static constexpr int kKvPanelBytes = kKeys * kPanelRowBytes;
   static constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
   static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
-  // The barriers: Q has landed; per ring slot, K has landed, V has landed, K is free again, V is
-  // free again (stage 09 freed a slot's K and V together: this schedule holds V a round longer).
-  static constexpr int kBarriers = 1 + 4 * kStages;
+  // The barriers: Q has landed, Q is free again; per ring slot, K has landed, V has landed, K is
+  // free again, V is free again (stage 09 freed a slot's K and V together: this schedule holds V a
+  // round longer).
+  static constexpr int kBarriers = 2 + 4 * kStages;
   // Q tile, the ring (kStages x (K tile, V tile)), the barriers, and room to align the start to
   // 1024 bytes (the 128-byte swizzle's period; dynamic shared memory only promises 16).
-  static constexpr int kSharedBytes = kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes + kBarriers * 8;
+  static constexpr int kBaseBytes = kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes + kBarriers * 8;
+  // O is staged for its TMA store in a tile of its own where that fits (D = 64 and 128): then the Q
+  // tile is free once the piece's last S = Q·Kᵀ has completed, and the next piece's Q lands while
+  // this one's epilogue runs. At D = 256 (192 KB already) O is staged in the Q tile, as in stage 09.
+  static constexpr bool kOutTile = kBaseBytes + kQueryTileBytes <= kSharedBytesPerBlock;
+  static constexpr int kSharedBytes = kBaseBytes + (kOutTile ? kQueryTileBytes : 0);
 
   static constexpr int kRegistersAtLaunch = 65536 / kThreads / 8 * 8;
   static_assert(kDim % kPanelColumns == 0, "a tile is whole 64-column panels");
@@ -134,11 +148,13 @@ __global__ void pad_rows_kernel(const Element* __restrict__ source, Element* __r
   }
 }
 
-// One block: Br = 64 · kConsumers query rows of one (batch, query head). Threads 0-127 are the
-// producer warpgroup (thread 0 issues every copy, the rest have nothing to do), the next
-// 128 · kConsumers threads the consumer warpgroups, 64 rows each. The tensor maps describe Q and O
-// as (B·Hq) x Nq x D and K, V as (B·Hkv) x Nk x D (D padded to a multiple of 8 when it is not
-// one); `o` and `dim` are for the element-by-element output path. `lse` (B, Hq, Nq) may be null.
+// A block computes pieces blockIdx.x, blockIdx.x + gridDim.x, ... of the (query tile, query head)
+// pieces, each Br = 64 · kConsumers query rows of one (batch, query head): one block per SM that
+// loops over many, or one block per piece (launch says which). Threads 0-127 are the producer
+// warpgroup (thread 0 issues every copy, the rest have nothing to do), the next 128 · kConsumers
+// threads the consumer warpgroups, 64 rows each. The tensor maps describe Q and O as (B·Hq) x Nq x D
+// and K, V as (B·Hkv) x Nk x D (D padded to a multiple of 8 when it is not one); `o` and `dim` are
+// for the element-by-element output path. `lse` (B, Hq, Nq) may be null.
 template <typename Element, int kDim>
 __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     overlapped_attention_kernel(const __grid_constant__ CUtensorMap query_map,
@@ -146,7 +162,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
                                 const __grid_constant__ CUtensorMap value_map,
                                 const __grid_constant__ CUtensorMap out_map, Element* __restrict__ o,
                                 float* __restrict__ lse, int q_seq, int kv_seq, int dim, int query_tiles, int q_heads,
-                                int kv_heads, int heads_total, bool causal, bool store_by_copy_engine,
+                                int kv_heads, int heads_total, int pieces, bool causal, bool store_by_copy_engine,
                                 float scale_log2) {
 #if FA_STAGE10_DEVICE_CODE
   using T = Tiling<kDim>;
@@ -158,47 +174,61 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   constexpr int kStepsPerPanel = kPanelColumns / kMmaDepth;  // 4: a panel row is 4 steps of 32 bytes
 
   // Shared memory, aligned to the swizzle's 1024-byte period: Q (kPanels panels of Br rows x 128
-  // bytes), then ring slot s = (K tile, V tile), each kPanels panels of Bc rows x 128 bytes, then
-  // the barriers.
+  // bytes), the O staging tile where it has one (else O is staged in the Q tile), then ring slot
+  // s = (K tile, V tile), each kPanels panels of Bc rows x 128 bytes, then the barriers.
   extern __shared__ unsigned char shared_memory[];
   unsigned char* shared =
       shared_memory + ((kSwizzleBytes - shared_address(shared_memory) % kSwizzleBytes) % kSwizzleBytes);
   unsigned char* query_tile = shared;
-  unsigned char* ring = shared + T::kQueryTileBytes;
+  unsigned char* out_tile = T::kOutTile ? shared + T::kQueryTileBytes : query_tile;
+  unsigned char* ring = shared + T::kQueryTileBytes + (T::kOutTile ? T::kQueryTileBytes : 0);
   uint64_t* barriers = reinterpret_cast<uint64_t*>(ring + T::kStages * 2 * T::kKvTileBytes);
   uint64_t* query_full = barriers;
-  uint64_t* key_full = barriers + 1;                     // [kStages]
-  uint64_t* value_full = barriers + 1 + T::kStages;      // [kStages]
-  uint64_t* key_free = barriers + 1 + 2 * T::kStages;    // [kStages]
-  uint64_t* value_free = barriers + 1 + 3 * T::kStages;  // [kStages]
+  uint64_t* query_free = barriers + 1;
+  uint64_t* key_full = barriers + 2;                     // [kStages]
+  uint64_t* value_full = barriers + 2 + T::kStages;      // [kStages]
+  uint64_t* key_free = barriers + 2 + 2 * T::kStages;    // [kStages]
+  uint64_t* value_free = barriers + 2 + 3 * T::kStages;  // [kStages]
   const auto key_slot = [&](int slot) { return ring + 2 * slot * T::kKvTileBytes; };
   const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * T::kKvTileBytes; };
 
-  // Which (query tile, query head) this block computes, heaviest first under the causal mask
-  // (kernel/launch_order.cuh), and the K/V head of its group.
-  const BlockWork work = block_work(blockIdx.x, query_tiles, heads_total, causal);
-  const int query_head = static_cast<int>(work.query_head);
-  const int kv_head = static_cast<int>(kv_head_of(work.query_head, q_heads, kv_heads));
-  const int block_first_row = work.query_tile * T::kQueryRows;
-
-  // Keys the block must see (stage 08): all of them, or with the causal mask those its last valid
-  // row sees; tiles past that are never loaded. Keys below `unmasked_keys` are visible to every row
-  // of the block, so only tiles reaching past it need the mask. The producer and the consumers
-  // compute the same count: every tile the producer loads is consumed.
-  const int last_row = min(q_seq, block_first_row + T::kQueryRows) - 1;
-  const int key_end = causal ? static_cast<int>(causal_key_end(last_row, q_seq, kv_seq)) : kv_seq;
-  const int unmasked_keys = causal ? static_cast<int>(causal_key_end(block_first_row, q_seq, kv_seq)) : kv_seq;
-  const int tiles = (key_end + T::kKeys - 1) / T::kKeys;
+  // Piece p: which (query tile, query head), heaviest first under the causal mask
+  // (kernel/launch_order.cuh), the K/V head of its group, and the K/V tiles it sees (stage 08): all
+  // of them, or with the causal mask those its last valid row sees; tiles past that are never
+  // loaded. Keys below `unmasked_keys` are visible to every row of the piece, so only tiles reaching
+  // past it need the mask. The producer and the consumers compute the same pieces and counts: every
+  // tile the producer loads is consumed.
+  struct Piece {
+    int query_head;
+    int kv_head;
+    int first_row;
+    int unmasked_keys;
+    int tiles;
+  };
+  const auto piece_at = [&](int64_t index) {
+    const BlockWork work = block_work(index, query_tiles, heads_total, causal);
+    Piece piece;
+    piece.query_head = static_cast<int>(work.query_head);
+    piece.kv_head = static_cast<int>(kv_head_of(work.query_head, q_heads, kv_heads));
+    piece.first_row = work.query_tile * T::kQueryRows;
+    const int last_row = min(q_seq, piece.first_row + T::kQueryRows) - 1;
+    const int key_end = causal ? static_cast<int>(causal_key_end(last_row, q_seq, kv_seq)) : kv_seq;
+    piece.unmasked_keys = causal ? static_cast<int>(causal_key_end(piece.first_row, q_seq, kv_seq)) : kv_seq;
+    piece.tiles = (key_end + T::kKeys - 1) / T::kKeys;
+    return piece;
+  };
 
   // One thread sets up the barriers. A "full" barrier expects one arrival (the producer's, which
-  // also announces the bytes to come); "slot free" expects one arrival from each consumer warp.
+  // also announces the bytes to come); "free" expects one arrival from each consumer warp.
+  constexpr int kConsumerWarps = T::kConsumers * kWarpgroupThreads / kWarpSize;
   if (threadIdx.x == 0) {
     barrier_init(query_full, 1);
+    barrier_init(query_free, kConsumerWarps);
     for (int slot = 0; slot < T::kStages; ++slot) {
       barrier_init(&key_full[slot], 1);
       barrier_init(&value_full[slot], 1);
-      barrier_init(&key_free[slot], T::kConsumers * kWarpgroupThreads / kWarpSize);
-      barrier_init(&value_free[slot], T::kConsumers * kWarpgroupThreads / kWarpSize);
+      barrier_init(&key_free[slot], kConsumerWarps);
+      barrier_init(&value_free[slot], kConsumerWarps);
     }
     fence_barrier_init();
   }
@@ -214,40 +244,47 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       prefetch_tensor_map(&query_map);
       prefetch_tensor_map(&key_map);
       prefetch_tensor_map(&value_map);
-      // Q: one box of Br rows x 64 columns per panel, all completing on query_full. Rows past Nq
-      // (the last query tile) arrive as zeros.
-      barrier_arrive_expect_bytes(query_full, T::kQueryTileBytes);
-      for (int panel = 0; panel < T::kPanels; ++panel) {
-        copy_box_to_shared(shared_address(query_tile + panel * T::kQueryPanelBytes), &query_map,
-                           shared_address(query_full), panel * kPanelColumns, block_first_row, query_head);
-      }
-      // The ring: tile t goes to slot t % kStages. Before reusing a slot's K (from the second pass
-      // on) wait until all consumer warps have released it: the phase that completed on their
-      // (t / kStages)-th release, parity (t / kStages - 1) % 2; the same for V. K and V have
-      // barriers of their own both ways: QKᵀ can start while V is still on its way, and the next K
-      // can land while the consumers still multiply by this slot's V.
-      for (int tile = 0; tile < tiles; ++tile) {
-        const int slot = tile % T::kStages;
-        const int pass = tile / T::kStages;
-        const int key_base = tile * T::kKeys;
-        if (pass > 0) barrier_wait(&key_free[slot], (pass - 1) & 1);
-        barrier_arrive_expect_bytes(&key_full[slot], T::kKvTileBytes);
+      // `ring_tile` counts the K/V tiles through the ring over all the block's pieces: tile number
+      // r goes to slot r % kStages. Before reusing a slot's K (from the second pass on) wait until
+      // all consumer warps have released it: the phase that completed on their (r / kStages)-th
+      // release, parity (r / kStages - 1) % 2; the same for V. K and V have barriers of their own
+      // both ways: QKᵀ can start while V is still on its way, and the next K can land while the
+      // consumers still multiply by this slot's V.
+      int ring_tile = 0;
+      int round = 0;
+      for (int64_t index = blockIdx.x; index < pieces; index += gridDim.x, ++round) {
+        const Piece piece = piece_at(index);
+        // Q: one box of Br rows x 64 columns per panel, all completing on query_full, once the
+        // consumers have released the last piece's (rows past Nq arrive as zeros).
+        if (round > 0) barrier_wait(query_free, (round - 1) & 1);
+        barrier_arrive_expect_bytes(query_full, T::kQueryTileBytes);
         for (int panel = 0; panel < T::kPanels; ++panel) {
-          copy_box_to_shared(shared_address(key_slot(slot) + panel * T::kKvPanelBytes), &key_map,
-                             shared_address(&key_full[slot]), panel * kPanelColumns, key_base, kv_head);
+          copy_box_to_shared(shared_address(query_tile + panel * T::kQueryPanelBytes), &query_map,
+                             shared_address(query_full), panel * kPanelColumns, piece.first_row, piece.query_head);
         }
-        if (pass > 0) barrier_wait(&value_free[slot], (pass - 1) & 1);
-        barrier_arrive_expect_bytes(&value_full[slot], T::kKvTileBytes);
-        for (int panel = 0; panel < T::kPanels; ++panel) {
-          copy_box_to_shared(shared_address(value_slot(slot) + panel * T::kKvPanelBytes), &value_map,
-                             shared_address(&value_full[slot]), panel * kPanelColumns, key_base, kv_head);
+        for (int tile = 0; tile < piece.tiles; ++tile, ++ring_tile) {
+          const int slot = ring_tile % T::kStages;
+          const int pass = ring_tile / T::kStages;
+          const int key_base = tile * T::kKeys;
+          if (pass > 0) barrier_wait(&key_free[slot], (pass - 1) & 1);
+          barrier_arrive_expect_bytes(&key_full[slot], T::kKvTileBytes);
+          for (int panel = 0; panel < T::kPanels; ++panel) {
+            copy_box_to_shared(shared_address(key_slot(slot) + panel * T::kKvPanelBytes), &key_map,
+                               shared_address(&key_full[slot]), panel * kPanelColumns, key_base, piece.kv_head);
+          }
+          if (pass > 0) barrier_wait(&value_free[slot], (pass - 1) & 1);
+          barrier_arrive_expect_bytes(&value_full[slot], T::kKvTileBytes);
+          for (int panel = 0; panel < T::kPanels; ++panel) {
+            copy_box_to_shared(shared_address(value_slot(slot) + panel * T::kKvPanelBytes), &value_map,
+                               shared_address(&value_full[slot]), panel * kPanelColumns, key_base, piece.kv_head);
+          }
         }
       }
     }
   } else {
     // ---- The consumers -----------------------------------------------------------------------
     claim_registers<T::kConsumerRegisters>();
-    const int consumer = warpgroup - 1;  // which 64 rows of the block
+    const int consumer = warpgroup - 1;  // which 64 rows of the piece
     const int thread = threadIdx.x % kWarpgroupThreads;
     const int warp = thread / kWarpSize;  // within the warpgroup: rows 16·warp .. 16·warp + 15
     const int lane = threadIdx.x % kWarpSize;
@@ -255,15 +292,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // columns 2·quad and 2·quad + 1 (the layout of stage 08's mma.m16n8k16).
     const int group = lane / 4;
     const int quad = lane % 4;
-    const int consumer_first_row = block_first_row + consumer * kMmaRows;
-    const int warp_first_row = consumer_first_row + warp * 16;
-
-    // The keys row `group + 8·half` of this warp sees end below this limit (causal_key_end's rule
-    // in 32 bits, without its clamp at 0, which changes no comparison with a key index).
     const int diagonal = 1 + kv_seq - q_seq;
-    const auto key_limit = [&](int half) {
-      return causal ? min(kv_seq, warp_first_row + group + 8 * half + diagonal) : kv_seq;
-    };
 
     // The matrix descriptors (README, "The matrix descriptor"). In a 128-byte-swizzled panel, row r
     // of a tile is 128 bytes at r·128, and 8 rows (1024 bytes) are one swizzle period: the stride
@@ -279,26 +308,20 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 
     // O for the warpgroup's 64 rows in FP32 accumulators (D/2 registers a thread), normalized only
     // at the end. Per thread and row (top: `group`, bottom: `group + 8`) the running max m in log2
-    // units (m = max_j s_j · scale · log2 e) and this thread's share of the running sum l. A row
-    // that sees no key at all (causal, Nq > Nk) starts at m = 0, not -inf (stage 08).
-    float out[kDim / 2] = {};
+    // units (m = max_j s_j · scale · log2 e) and this thread's share of the running sum l.
+    float out[kDim / 2];
     float row_max[2];
-    float row_sum[2] = {};
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = warp_first_row + group + 8 * half;
-      row_max[half] = causal && causal_key_end(row, q_seq, kv_seq) == 0 ? 0.0f : -INFINITY;
-    }
-
-    barrier_wait(query_full, 0);
-
-    // What one tile takes, as in stage 09, written once for the schedule below.
-    // S = Q·Kᵀ of tile `tile`: kDim / 16 wgmma, both operands in shared memory, the first overwriting
-    // the accumulators.
+    float row_sum[2];
     float scores[T::kKeys / 2];
-    const auto issue_scores = [&](int tile) {
-      const int slot = tile % T::kStages;
-      barrier_wait(&key_full[slot], (tile / T::kStages) & 1);
+    unsigned probs[kKeySteps][4];
+
+    // What one tile takes, as in stage 09, written once for the schedule below. Ring tile r (the
+    // block's r-th K/V tile, over all its pieces) sits in slot r % kStages.
+    // S = Q·Kᵀ of ring tile r: kDim / 16 wgmma, both operands in shared memory, the first
+    // overwriting the accumulators.
+    const auto issue_scores = [&](int r) {
+      const int slot = r % T::kStages;
+      barrier_wait(&key_full[slot], (r / T::kStages) & 1);
       const uint64_t key_descriptor = matrix_descriptor(shared_address(key_slot(slot)), 16, kSwizzleBytes);
       wgmma_fence();
 #pragma unroll
@@ -313,11 +336,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       }
       wgmma_commit();
     };
-    // O += P·V of tile `tile`, P in registers as the A operand, V through its matrix descriptor.
-    unsigned probs[kKeySteps][4];
-    const auto issue_values = [&](int tile) {
-      const int slot = tile % T::kStages;
-      barrier_wait(&value_full[slot], (tile / T::kStages) & 1);
+    // O += P·V of ring tile r, P in registers as the A operand, V through its matrix descriptor.
+    const auto issue_values = [&](int r) {
+      const int slot = r % T::kStages;
+      barrier_wait(&value_full[slot], (r / T::kStages) & 1);
       const uint64_t value_descriptor =
           matrix_descriptor(shared_address(value_slot(slot)), T::kKvPanelBytes, kSwizzleBytes);
       wgmma_fence();
@@ -328,44 +350,11 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       }
       wgmma_commit();
     };
-    // This warp is done with tile `tile`'s K (or V): one arrival per consumer warp frees it.
-    const auto release = [&](uint64_t* free_barriers, int tile) {
+    // This warp is done with a barrier's resource (a slot's K or V, or the Q tile): one arrival per
+    // consumer warp frees it.
+    const auto release = [&](uint64_t* free_barrier) {
       __syncwarp();
-      if (lane == 0) barrier_arrive(&free_barriers[tile % T::kStages]);
-    };
-    // The online softmax of stage 09 on S of tile `tile`: the mask where the tile reaches past the
-    // keys every row sees, the new running max, the factor O must be rescaled by, P = exp2(S - m)
-    // in place, and the running sums.
-    const auto softmax = [&](int tile, float(&rescale)[2]) {
-      const int key_base = tile * T::kKeys;
-      if (key_base + T::kKeys > unmasked_keys) {
-#pragma unroll
-        for (int j = 0; j < kScoreTiles; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if (key_base + j * kMmaColumns + 2 * quad + e % 2 >= key_limit(e / 2)) scores[4 * j + e] = -INFINITY;
-          }
-        }
-      }
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float tile_max = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < kScoreTiles; ++j) {
-          tile_max = fmaxf(tile_max, fmaxf(scores[4 * j + 2 * half], scores[4 * j + 2 * half + 1]));
-        }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float new_max = fmaxf(row_max[half], tile_max * scale_log2);
-        rescale[half] = fast_exp2(row_max[half] - new_max);
-        row_max[half] = new_max;
-        row_sum[half] *= rescale[half];
-      }
-#pragma unroll
-      for (int i = 0; i < T::kKeys / 2; ++i) {
-        scores[i] = fast_exp2(fmaf(scores[i], scale_log2, -row_max[i % 4 / 2]));
-        row_sum[i % 4 / 2] += scores[i];
-      }
+      if (lane == 0) barrier_arrive(free_barrier);
     };
     // Score tiles 2j and 2j + 1 hold keys 16j .. 16j + 15 of this thread's two rows, exactly where
     // wgmma's register A fragment wants them (stage 09, "The wgmma accumulator layout").
@@ -383,122 +372,200 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // Warpgroup c waits at named barrier kTurnBarrier + c before it issues, and hands the turn on to
     // the next warpgroup (arrives at its barrier) right after: so one warpgroup's products run on
     // the tensor cores while the others compute their softmax. The last warpgroup hands the first
-    // turn to warpgroup 0 before anything starts.
+    // turn to warpgroup 0 before anything starts; warpgroup 0 takes the last one handed to it after
+    // the last piece, so that no arrival is left at the barrier when the block exits. Every piece
+    // has the same number of tiles for all its warpgroups, so the turns stay in step.
     const auto take_turn = [&] {
       if (T::kPingPong) sync_threads(kTurnBarrier + consumer, 2 * kWarpgroupThreads);
     };
     const auto pass_turn = [&] {
       if (T::kPingPong) arrive_threads(kTurnBarrier + (consumer + 1) % T::kConsumers, 2 * kWarpgroupThreads);
     };
+    if (consumer == T::kConsumers - 1) pass_turn();
 
-    // The schedule (README, "Overlap inside a warpgroup"). Stage 09 waited for O += P·V of a tile
-    // before it started the next tile's S = Q·Kᵀ. Here, in round t, a warpgroup issues S of tile t
-    // and O += P·V of tile t - 1 together; it waits for S alone (wait_group 1: at most one group,
-    // the P·V, still running) and computes tile t's softmax while P·V of tile t - 1 is still on the
-    // tensor cores. Only then does it wait for P·V, rescale O by the new max and overwrite P.
-    // Every block has the same number of tiles for all its warpgroups (and none when its rows see
-    // no key: then no turn is taken at all).
-    if (tiles > 0) {
-      if (consumer == T::kConsumers - 1) pass_turn();
-      float rescale[2];
-      take_turn();
-      issue_scores(0);
-      pass_turn();
-      wgmma_wait<0>();
-      fence_registers(scores);
-      softmax(0, rescale);  // O is still zero: nothing to rescale
-      pack_probabilities();
-      release(key_free, 0);
+    int ring_tile = 0;  // the ring tile of the piece's first K/V tile
+    int round = 0;
 #pragma unroll 1
-      for (int tile = 1; tile < tiles; ++tile) {
-        take_turn();
-        issue_scores(tile);
-        issue_values(tile - 1);
-        pass_turn();
-        // EXERCISE BEGIN: the softmax while P·V runs: wait for S alone, then for P·V before O and P change
-        wgmma_wait<1>();  // S of this tile has landed; P·V of the last one may still run
-        fence_registers(scores);
-        softmax(tile, rescale);
-        wgmma_wait<0>();  // P·V of the last tile is done: O is whole, and P is free
-        fence_registers(out);
-        fence_registers(probs);
+    for (int64_t index = blockIdx.x; index < pieces; index += gridDim.x, ++round) {
+      const Piece piece = piece_at(index);
+      const int consumer_first_row = piece.first_row + consumer * kMmaRows;
+      const int warp_first_row = consumer_first_row + warp * 16;
+      // The keys row `group + 8·half` of this warp sees end below this limit (causal_key_end's rule
+      // in 32 bits, without its clamp at 0, which changes no comparison with a key index).
+      const auto key_limit = [&](int half) {
+        return causal ? min(kv_seq, warp_first_row + group + 8 * half + diagonal) : kv_seq;
+      };
+      // A row that sees no key at all (causal, Nq > Nk) starts at m = 0, not -inf (stage 08).
 #pragma unroll
-        for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
-        pack_probabilities();
-        // EXERCISE END
-        // K of this tile and V of the last one are done with. The producer refills K's slot with
-        // tile + kStages, which this warpgroup needs kStages - 1 rounds on; a slot freed whole
-        // only with its V (stage 09's one barrier) would leave K no round to land in.
-        release(key_free, tile);
-        release(value_free, tile - 1);
-      }
-      take_turn();
-      issue_values(tiles - 1);
-      pass_turn();
-      wgmma_wait<0>();
-      fence_registers(out);
-      release(value_free, tiles - 1);
-      // The last warpgroup's last pass_turn went to warpgroup 0: take it, so that no arrival is
-      // left at the barrier when the block exits.
-      if (consumer == 0) take_turn();
-    }
-
-    // ---- The epilogue ------------------------------------------------------------------------
-    // l from the four threads of each row; O / l rounded to the element type and staged in this
-    // warpgroup's own 64 rows of the Q tile (no longer read by anyone: its last wgmma has
-    // completed), swizzled like the tiles TMA writes; then written out.
+      for (int i = 0; i < kDim / 2; ++i) out[i] = 0.0f;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float sum = row_sum[half];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      // l = 0 only for a row that sees no key (its O is 0 too): it writes zeros, not 0/0.
-      const float inverse_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
-      const int row = warp * 16 + group + 8 * half;  // within the warpgroup's 64
-      const int query_row = consumer_first_row + row;
-      // LSE = (m + log2 l) · ln 2 (m holds the scale and log2 e); -inf for a row that sees no key.
-      if (lse != nullptr && quad == 0 && query_row < q_seq) {
-        lse[static_cast<int64_t>(query_head) * q_seq + query_row] =
-            sum > 0.0f ? (row_max[half] + log2f(sum)) * kLn2 : -INFINITY;
+      for (int half = 0; half < 2; ++half) {
+        const int row = warp_first_row + group + 8 * half;
+        row_max[half] = causal && causal_key_end(row, q_seq, kv_seq) == 0 ? 0.0f : -INFINITY;
+        row_sum[half] = 0.0f;
       }
+      // The online softmax of stage 09 on S of the piece's tile `tile`: the mask where the tile
+      // reaches past the keys every row sees, the new running max, the factor O must be rescaled by,
+      // P = exp2(S - m) in place, and the running sums.
+      const auto softmax = [&](int tile, float(&rescale)[2]) {
+        const int key_base = tile * T::kKeys;
+        if (key_base + T::kKeys > piece.unmasked_keys) {
 #pragma unroll
-      for (int n = 0; n < kOutTiles; ++n) {
-        // Columns 8n + 2·quad, +1: panel n / 8, 16-byte chunk n % 8, stored at chunk (n % 8) ^ (row % 8).
-        const int offset = n / 8 * T::kQueryPanelBytes + (consumer * kMmaRows + row) * kPanelRowBytes +
-                           (n % 8 ^ row % kSwizzleRows) * 16 + quad * 4;
-        *reinterpret_cast<unsigned*>(query_tile + offset) =
-            pack_pair<Element>(out[4 * n + 2 * half] * inverse_sum, out[4 * n + 2 * half + 1] * inverse_sum);
-      }
-    }
-    if (store_by_copy_engine) {
-      // The staged rows were written by ordinary stores; TMA reads them through the async proxy.
-      // Each writing thread fences, the warpgroup meets at its own barrier, then one thread stores
-      // every panel as one box of 64 rows (rows past Nq and columns past D are not written) and
-      // waits until the copy engine has read the staging before the block may exit.
-      fence_shared_for_async_proxy();
-      sync_threads(1 + consumer, kWarpgroupThreads);
-      if (thread == 0 && consumer_first_row < q_seq) {
-        for (int panel = 0; panel < T::kPanels; ++panel) {
-          copy_box_to_global(
-              &out_map, shared_address(query_tile + panel * T::kQueryPanelBytes + consumer * kMmaRows * kPanelRowBytes),
-              panel * kPanelColumns, consumer_first_row, query_head);
+          for (int j = 0; j < kScoreTiles; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              if (key_base + j * kMmaColumns + 2 * quad + e % 2 >= key_limit(e / 2)) scores[4 * j + e] = -INFINITY;
+            }
+          }
         }
-        commit_stores();
-        wait_stores_read();
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float tile_max = -INFINITY;
+#pragma unroll
+          for (int j = 0; j < kScoreTiles; ++j) {
+            tile_max = fmaxf(tile_max, fmaxf(scores[4 * j + 2 * half], scores[4 * j + 2 * half + 1]));
+          }
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+          const float new_max = fmaxf(row_max[half], tile_max * scale_log2);
+          rescale[half] = fast_exp2(row_max[half] - new_max);
+          row_max[half] = new_max;
+          row_sum[half] *= rescale[half];
+        }
+#pragma unroll
+        for (int i = 0; i < T::kKeys / 2; ++i) {
+          scores[i] = fast_exp2(fmaf(scores[i], scale_log2, -row_max[i % 4 / 2]));
+          row_sum[i % 4 / 2] += scores[i];
+        }
+      };
+
+      barrier_wait(query_full, round & 1);
+
+      // The schedule (README, "Overlap inside a warpgroup"). Stage 09 waited for O += P·V of a tile
+      // before it started the next tile's S = Q·Kᵀ. Here, in round t, a warpgroup issues S of tile
+      // t and O += P·V of tile t - 1 together; it waits for S alone (wait_group 1: at most one
+      // group, the P·V, still running) and computes tile t's softmax while P·V of tile t - 1 is
+      // still on the tensor cores. Only then does it wait for P·V, rescale O by the new max and
+      // overwrite P. A piece whose rows see no key takes no turn at all.
+      const int tiles = piece.tiles;
+      if (tiles > 0) {
+        float rescale[2];
+        take_turn();
+        issue_scores(ring_tile);
+        pass_turn();
+        wgmma_wait<0>();
+        fence_registers(scores);
+        softmax(0, rescale);  // O is still zero: nothing to rescale
+        pack_probabilities();
+        release(&key_free[ring_tile % T::kStages]);
+#pragma unroll 1
+        for (int tile = 1; tile < tiles; ++tile) {
+          const int r = ring_tile + tile;
+          take_turn();
+          issue_scores(r);
+          issue_values(r - 1);
+          pass_turn();
+          // EXERCISE BEGIN: the softmax while P·V runs: wait for S alone, then for P·V before O and P change
+          wgmma_wait<1>();  // S of this tile has landed; P·V of the last one may still run
+          fence_registers(scores);
+          softmax(tile, rescale);
+          wgmma_wait<0>();  // P·V of the last tile is done: O is whole, and P is free
+          fence_registers(out);
+          fence_registers(probs);
+#pragma unroll
+          for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
+          pack_probabilities();
+          // EXERCISE END
+          // K of this tile and V of the last one are done with. The producer refills K's slot with
+          // ring tile r + kStages, which this warpgroup needs kStages - 1 rounds on; a slot freed
+          // whole only with its V (stage 09's one barrier) would leave K no round to land in.
+          release(&key_free[r % T::kStages]);
+          release(&value_free[(r - 1) % T::kStages]);
+        }
       }
-    } else {
-      // The fallback (D not a multiple of 8, or O off a 16-byte boundary): element by element.
+      // Every S = Q·Kᵀ of the piece has completed. With an O tile of its own the Q tile is free
+      // now: the producer loads the next piece's Q while this one's last P·V and epilogue run.
+      if (T::kOutTile) release(query_free);
+      if (tiles > 0) {
+        take_turn();
+        issue_values(ring_tile + tiles - 1);
+        pass_turn();
+        wgmma_wait<0>();
+        fence_registers(out);
+        release(&value_free[(ring_tile + tiles - 1) % T::kStages]);
+      }
+      ring_tile += tiles;
+
+      // ---- The epilogue ----------------------------------------------------------------------
+      // l from the four threads of each row; O / l rounded to the element type and staged in this
+      // warpgroup's own 64 rows of the O tile (or of the Q tile, no longer read by anyone: its last
+      // wgmma has completed), swizzled like the tiles TMA writes; then written out. First the
+      // staging must be free: the last piece's TMA store has read it (thread 0 issued that store)
+      // and every thread of the warpgroup is done with it.
+      if (store_by_copy_engine && thread == 0) wait_stores_read();
       sync_threads(1 + consumer, kWarpgroupThreads);
-      for (int index = thread; index < kMmaRows * dim; index += kWarpgroupThreads) {
-        const int row = index / dim;
-        const int column = index % dim;
-        if (consumer_first_row + row >= q_seq) break;
-        const int offset = column / kPanelColumns * T::kQueryPanelBytes + (consumer * kMmaRows + row) * kPanelRowBytes +
-                           ((column % kPanelColumns / 8) ^ (row % kSwizzleRows)) * 16 + column % 8 * 2;
-        o[(static_cast<int64_t>(query_head) * q_seq + consumer_first_row + row) * dim + column] =
-            *reinterpret_cast<const Element*>(query_tile + offset);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float sum = row_sum[half];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        // l = 0 only for a row that sees no key (its O is 0 too): it writes zeros, not 0/0.
+        const float inverse_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
+        const int row = warp * 16 + group + 8 * half;  // within the warpgroup's 64
+        const int query_row = consumer_first_row + row;
+        // LSE = (m + log2 l) · ln 2 (m holds the scale and log2 e); -inf for a row that sees no key.
+        if (lse != nullptr && quad == 0 && query_row < q_seq) {
+          lse[static_cast<int64_t>(piece.query_head) * q_seq + query_row] =
+              sum > 0.0f ? (row_max[half] + log2f(sum)) * kLn2 : -INFINITY;
+        }
+#pragma unroll
+        for (int n = 0; n < kOutTiles; ++n) {
+          // Columns 8n + 2·quad, +1: panel n / 8, 16-byte chunk n % 8, stored at chunk (n % 8) ^ (row % 8).
+          const int offset = n / 8 * T::kQueryPanelBytes + (consumer * kMmaRows + row) * kPanelRowBytes +
+                             (n % 8 ^ row % kSwizzleRows) * 16 + quad * 4;
+          *reinterpret_cast<unsigned*>(out_tile + offset) =
+              pack_pair<Element>(out[4 * n + 2 * half] * inverse_sum, out[4 * n + 2 * half + 1] * inverse_sum);
+        }
+      }
+      // The staged rows were written by ordinary stores; TMA reads them (or, staged in the Q tile,
+      // overwrites them with the next Q) through the async proxy: each writing thread fences.
+      fence_shared_for_async_proxy();
+      if (store_by_copy_engine) {
+        // The warpgroup meets at its own barrier, then one thread stores every panel as one box of
+        // 64 rows (rows past Nq and columns past D are not written).
+        sync_threads(1 + consumer, kWarpgroupThreads);
+        if (thread == 0 && consumer_first_row < q_seq) {
+          for (int panel = 0; panel < T::kPanels; ++panel) {
+            copy_box_to_global(
+                &out_map, shared_address(out_tile + panel * T::kQueryPanelBytes + consumer * kMmaRows * kPanelRowBytes),
+                panel * kPanelColumns, consumer_first_row, piece.query_head);
+          }
+          commit_stores();
+        }
+      } else {
+        // The fallback (D not a multiple of 8, or O off a 16-byte boundary): element by element.
+        sync_threads(1 + consumer, kWarpgroupThreads);
+        for (int index_in_tile = thread; index_in_tile < kMmaRows * dim; index_in_tile += kWarpgroupThreads) {
+          const int row = index_in_tile / dim;
+          const int column = index_in_tile % dim;
+          if (consumer_first_row + row >= q_seq) break;
+          const int offset = column / kPanelColumns * T::kQueryPanelBytes +
+                             (consumer * kMmaRows + row) * kPanelRowBytes +
+                             ((column % kPanelColumns / 8) ^ (row % kSwizzleRows)) * 16 + column % 8 * 2;
+          o[(static_cast<int64_t>(piece.query_head) * q_seq + consumer_first_row + row) * dim + column] =
+              *reinterpret_cast<const Element*>(out_tile + offset);
+        }
+      }
+      // O staged in the Q tile: the Q tile is free once the store has read it.
+      if (!T::kOutTile) {
+        if (store_by_copy_engine && thread == 0) wait_stores_read();
+        sync_threads(1 + consumer, kWarpgroupThreads);
+        release(query_free);
       }
     }
+    if (consumer == 0) take_turn();
+    // The block's shared memory must outlive the copy engine's reads of the last staged O.
+    if (store_by_copy_engine && thread == 0) wait_stores_read();
   }
 #else
   __trap();  // never launched: the runner refuses every GPU but sm_90 (the descriptor's architecture)
@@ -530,16 +597,29 @@ Status launch(const ForwardArgs& args, const void* q, const void* k, const void*
   const auto kernel = &overlapped_attention_kernel<Element, kDim>;
   FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
   const int64_t query_tiles = (problem.q_seq + T::kQueryRows - 1) / T::kQueryRows;
-  const int64_t blocks = query_tiles * problem.q_heads_total();
-  FA_STATUS_TRY(check_grid(blocks));
+  const int64_t pieces = query_tiles * problem.q_heads_total();
+  FA_STATUS_TRY(check_grid(pieces));
+  // Persistent blocks, one per SM (a block takes an SM's shared memory), each looping over pieces:
+  // where O has a tile of its own, without the causal mask. Under the mask the pieces differ in
+  // weight, and the hardware, which starts a block on whichever SM frees first, balances them
+  // better than a fixed round-robin does (README, "Persistent blocks"); at D = 256 the next Q has
+  // to wait for the epilogue anyway. There the grid is one block per piece, and each loops once.
+  int64_t blocks = pieces;
+  if (T::kOutTile && !problem.causal) {
+    int device = 0;
+    int multiprocessors = 0;
+    FA_CUDA_TRY(cudaGetDevice(&device));
+    FA_CUDA_TRY(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
+    blocks = std::min<int64_t>(pieces, multiprocessors);
+  }
   const float scale_log2 = softmax_scale(problem) * kernel::kLog2e;
   // Every count below fits an int: the runner has checked the problem against validate_problem's
-  // limits (B·Hq <= 2^20, N <= 2^24) and the grid against 2^31 - 1.
+  // limits (B·Hq <= 2^20, N <= 2^24) and the pieces against 2^31 - 1.
   kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
       query_map, key_map, value_map, out_map, static_cast<Element*>(args.o), args.lse, static_cast<int>(problem.q_seq),
       static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim), static_cast<int>(query_tiles),
       static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads), static_cast<int>(problem.q_heads_total()),
-      problem.causal, store_by_copy_engine, scale_log2);
+      static_cast<int>(pieces), problem.causal, store_by_copy_engine, scale_log2);
   FA_LAUNCH_TRY();
   return Status();
 }
