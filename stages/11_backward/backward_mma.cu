@@ -90,46 +90,63 @@ constexpr int kMmaCols = 8;        // its N: the columns of one FP32 accumulator
 constexpr int kChunkElements = 8;  // 16 bytes of a 16-bit type: one cp.async, one ldmatrix row
 constexpr int kMaxDim = 256;
 constexpr int kMaxGradDims = 128;  // the dims of dK, dV and dQ one block owns, at most (registers)
+constexpr int kWarpStrip = 32;     // the output rows of a warp's share of a product: two mma row tiles
 constexpr unsigned kFullWarp = 0xffffffffu;
 // Everything that sizes the kernel of one head-dim bucket. Eight warps (128 keys, 64 query rows a
 // step) where shared memory allows: each Q and dO tile brought in serves twice the keys, and a
 // step twice the queries. Four warps (64 keys, 32 rows at D > 64) where it does not: D = 128 on
-// GPUs with 99 KB a block (sm_86, sm_89), and D = 256 (an A100 has 163 KB).
+// GPUs with less than 177 KB a block (the A100's 163 KB included), and D = 256.
+//
+// The warps tile each product the way FlashAttention-2 does (the layouts below), so that an
+// operand read from shared memory serves several warps' worth of output: a warp computes 32 keys
+// of S^T, dP^T, dK and dV, and 32 query rows of dQ.
 template <int kDim, int kWarpCount>
 struct Tiling {
   static constexpr int kWarps = kWarpCount;
   static constexpr int kThreads = kWarps * kWarpSize;
-  static constexpr int kKeys = kWarps * kMmaRows;  // Bc: each warp owns 16 keys
+  static constexpr int kKeys = kWarps * kMmaRows;  // Bc
   // 8 warps an SM: 255 registers a thread, and no further block for ptxas to spill registers for.
   static constexpr int kBlocksPerSm = 8 / kWarps;
-  // Query rows per step (Br). The registers of a warp hold dK and dV for its 16 keys (64 FP32 per
-  // thread at D = 128) plus S^T and dP^T for 16 keys × Br queries (32 at Br = 64).
-  static constexpr int kQueries = kWarps == 8 || kDim <= 64 ? 64 : 32;
+  // Query rows per step (Br): as many as the registers allow, so that each step's two barriers and
+  // each warp's operand loads serve as many products as they can. At D = 64 the eight-warp block
+  // takes 128 (S^T and dP^T of a warp are then 32 keys × 64 queries: 64 registers each).
+  static constexpr int kQueries = kDim <= 64 ? (kWarps == 8 ? 128 : 64) : (kWarps == 8 ? 64 : 32);
   static constexpr int kStages = 2;  // query tiles in the cp.async ring
-  // The output dims a block owns: all of them up to D = 128. At D = 256 dK and dV of 16 keys would
-  // be 256 registers a thread: two blocks share each key tile, one for each half of the dims of
-  // dK, dV and dQ. Both compute S^T and dP^T over all the dims, which costs two products twice.
+  // The output dims a block owns: all of them up to D = 128. At D = 256 dK and dV would not fit in
+  // the registers: two blocks share each key tile, one for each half of the dims of dK, dV and dQ.
+  // Both compute S^T and dP^T over all the dims, which costs two products twice.
   static constexpr int kGradDims = kDim < kMaxGradDims ? kDim : kMaxGradDims;
   static constexpr int kDimParts = kDim / kGradDims;
 
+  // S^T, dP^T, dK, dV: the warps that share a strip of 32 keys split the step's queries (S^T, dP^T)
+  // or the block's dims (dK, dV) between them.
+  static constexpr int kWarpKeys = kWarpStrip;
+  static constexpr int kKeyStrips = kKeys / kWarpKeys;
+  static constexpr int kStripWarps = kWarps / kKeyStrips;
+  static constexpr int kWarpQueries = kQueries / kStripWarps;
+  static constexpr int kWarpGradDims = kGradDims / kStripWarps;
+  // dQ: the step's Br × kGradDims split among the warps, 32 query rows (all Br if fewer) × kDqDims.
+  static constexpr int kDqWarpQueries = kQueries < kWarpStrip ? kQueries : kWarpStrip;
+  static constexpr int kDqQueryStrips = kQueries / kDqWarpQueries;
+  static constexpr int kDqDims = kGradDims * kDqQueryStrips / kWarps;
+
   static constexpr int kRowStride = kDim + kChunkElements;        // padded row, in elements
-  static constexpr int kScoreStride = kQueries + kChunkElements;  // dS^T row (one key), in elements
+  static constexpr int kScoreStride = kQueries + kChunkElements;  // P^T and dS^T rows (one key), in elements
   static constexpr int kKvTileElements = kKeys * kRowStride;
+  static constexpr int kScoreTileElements = kKeys * kScoreStride;
   static constexpr int kQueryTileElements = kQueries * kRowStride;
-  // Shared memory, in elements of the 16-bit type: K, V, the dS^T tile, then per ring slot Q and
-  // dO, then per ring slot the FP32 LSE (log2 units) and D of the slot's rows.
-  static constexpr int kScoreOffset = 2 * kKvTileElements;
-  static constexpr int kRingOffset = kScoreOffset + kKeys * kScoreStride;
+  // Shared memory, in elements of the 16-bit type: K, V, P^T, dS^T, then per ring slot Q and dO,
+  // then per ring slot the FP32 LSE (log2 units) and D of the slot's rows.
+  static constexpr int kProbOffset = 2 * kKvTileElements;
+  static constexpr int kGradScoreOffset = kProbOffset + kScoreTileElements;
+  static constexpr int kRingOffset = kGradScoreOffset + kScoreTileElements;
   static constexpr int kRowDataOffset = kRingOffset + kStages * 2 * kQueryTileElements;
   static constexpr int kSharedBytes = kRowDataOffset * 2 + kStages * 2 * kQueries * 4;
 
-  // dQ += dS K: the block's Br × kGradDims part is split among the warps, 16 query rows × kDqDims
-  // dims each.
-  static constexpr int kQueryStrips = kQueries / kMmaRows;
-  static constexpr int kDqDims = kGradDims * kQueryStrips / kWarps;
-
   static_assert(kDim % kMmaDepth == 0 && kQueries % kMmaDepth == 0, "whole 16-wide mma steps");
-  static_assert(kWarps % kQueryStrips == 0 && kDqDims % (2 * kMmaCols) == 0, "dQ splits evenly among the warps");
+  static_assert(kKeys % kWarpKeys == 0 && kWarps % kKeyStrips == 0, "whole key strips");
+  static_assert(kWarpQueries % (2 * kMmaCols) == 0 && kWarpGradDims % (2 * kMmaCols) == 0, "whole pairs of tiles");
+  static_assert(kDqDims % (2 * kMmaCols) == 0, "dQ splits evenly among the warps");
   static_assert(kThreads % (kDim / kChunkElements) == 0, "whole rows in every pass of a tile copy");
   static_assert(kDim % kGradDims == 0, "the dim parts cover the bucket");
 };
@@ -155,6 +172,59 @@ __device__ void copy_tile(Element* tile, const Element* source, int valid_rows, 
       const int column = index % kDim;
       tile[row * kStride + column] = row < valid_rows && column < dim ? source[static_cast<int64_t>(row) * dim + column]
                                                                       : to_element<Element>(0.0f);
+    }
+  }
+}
+
+// How an operand of warp_multiply lies in shared memory: by_row, row r of the operand is a row of
+// the tile (A as Q in Q·Kᵀ; B given as Bᵀ, as K there); by_depth, the tile holds the operand's
+// transpose, one row per step of the depth (A as dS read from dS^T; B as V in P·V).
+enum class Stored { by_row, by_depth };
+
+// acc += A·B for one warp: A is kRowTiles·16 rows × kDepth, B kDepth × kColTiles·8 columns, acc the
+// kRowTiles × kColTiles FP32 accumulator tiles of mma.m16n8k16. `a` and `b` point at the operands'
+// element (0, 0) in padded shared tiles of row strides a_stride and b_stride. Per 16-deep step
+// each A fragment is loaded once and serves every column tile, each pair of B tiles once and
+// serves every row tile: the larger the warp's share, the fewer bytes read per product. Lane
+// patterns (stage 08's README, "ldmatrix"): "A rows", lane l reads row l % 16, 8-column chunk
+// l / 16; "B rows", row (l / 16)·8 + l % 8, chunk (l / 8) % 2. A by_row and B by_depth use "A
+// rows", the others "B rows"; by_depth operands are transposed on load.
+template <typename Element, Stored kA, Stored kB, int kRowTiles, int kColTiles, int kDepth>
+__device__ __forceinline__ void warp_multiply(float (&acc)[kRowTiles][kColTiles][4], const Element* a, int a_stride,
+                                              const Element* b, int b_stride) {
+  static_assert(kColTiles % 2 == 0 && kDepth % kMmaDepth == 0, "whole pairs of tiles, whole 16-deep steps");
+  const int lane = threadIdx.x % kWarpSize;
+  const int a_row = lane % 16;
+  const int a_chunk = lane / 16 * kChunkElements;
+  const int b_row = lane / 16 * 8 + lane % 8;
+  const int b_chunk = lane / 8 % 2 * kChunkElements;
+  const auto address = [](const Element* tile, int row, int column, int stride) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(tile + row * stride + column));
+  };
+#pragma unroll
+  for (int depth = 0; depth < kDepth; depth += kMmaDepth) {
+    unsigned a_fragments[kRowTiles][4];
+#pragma unroll
+    for (int i = 0; i < kRowTiles; ++i) {
+      if constexpr (kA == Stored::by_row) {
+        load_matrices(a_fragments[i], address(a, i * kMmaRows + a_row, depth + a_chunk, a_stride));
+      } else {
+        load_matrices_transposed(a_fragments[i], address(a, depth + b_row, i * kMmaRows + b_chunk, a_stride));
+      }
+    }
+#pragma unroll
+    for (int pair = 0; pair < kColTiles / 2; ++pair) {
+      unsigned b_fragments[4];
+      if constexpr (kB == Stored::by_row) {
+        load_matrices(b_fragments, address(b, pair * 2 * kMmaCols + b_row, depth + b_chunk, b_stride));
+      } else {
+        load_matrices_transposed(b_fragments, address(b, depth + a_row, pair * 2 * kMmaCols + a_chunk, b_stride));
+      }
+#pragma unroll
+      for (int i = 0; i < kRowTiles; ++i) {
+        mma_16x8x16<Element>(acc[i][2 * pair], a_fragments[i], b_fragments[0], b_fragments[1]);
+        mma_16x8x16<Element>(acc[i][2 * pair + 1], a_fragments[i], b_fragments[2], b_fragments[3]);
+      }
     }
   }
 }
@@ -200,7 +270,7 @@ __global__ void scale_grad_query_kernel(const float* __restrict__ accumulated, E
   }
 }
 
-// One block: keys [key_base, key_base + 64) of one K/V head, against every query row of its group.
+// One block: keys [key_base, key_base + Bc) of one K/V head, against every query row of its group.
 // Q, O, dO, dQ are (B, Hq, Nq, D), K, V, dK, dV (B, Hkv, Nk, D), LSE and D (B, Hq, Nq).
 // kAtomicGradQuery: the block adds its share of dQ with atomics (else the dQ pass below makes dQ).
 template <typename Element, int kDim, int kWarpCount, bool kAsync, bool kAtomicGradQuery>
@@ -212,18 +282,20 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
                     int key_tiles, int q_heads, int kv_heads, bool causal, float scale, float scale_log2) {
 #if FA_STAGE11_DEVICE_CODE
   using T = Tiling<kDim, kWarpCount>;
-  constexpr int kDimSteps = kDim / kMmaDepth;           // 16-dim steps (and 16-dim pairs of tiles)
-  constexpr int kQuerySteps = T::kQueries / kMmaDepth;  // 16-query steps (and pairs of tiles)
-  constexpr int kScoreTiles = T::kQueries / kMmaCols;   // 8-query accumulator tiles of S^T
-  constexpr int kGradSteps = T::kGradDims / kMmaDepth;  // 16-dim pairs of dK, dV tiles
-  constexpr int kGradTiles = T::kGradDims / kMmaCols;   // 8-dim accumulator tiles of dK, dV
-  constexpr int kDqTiles = T::kDqDims / kMmaCols;       // 8-dim accumulator tiles of a warp's dQ part
+  constexpr int kKeyTiles = T::kWarpKeys / kMmaRows;          // 16-key row tiles of a warp's S^T, dK, dV
+  constexpr int kScoreTiles = T::kWarpQueries / kMmaCols;     // 8-query column tiles of its S^T
+  constexpr int kGradTiles = T::kWarpGradDims / kMmaCols;     // 8-dim column tiles of its dK, dV
+  constexpr int kDqRowTiles = T::kDqWarpQueries / kMmaRows;   // 16-query row tiles of its dQ
+  constexpr int kDqTiles = T::kDqDims / kMmaCols;             // 8-dim column tiles of its dQ
+  constexpr Stored kByRow = Stored::by_row;
+  constexpr Stored kByDepth = Stored::by_depth;
 
   extern __shared__ __align__(128) unsigned char shared[];
   Element* const tiles = reinterpret_cast<Element*>(shared);
   Element* const key_tile = tiles;
   Element* const value_tile = tiles + T::kKvTileElements;
-  Element* const score_tile = tiles + T::kScoreOffset;                          // dS^T, [key][query]
+  Element* const prob_tile = tiles + T::kProbOffset;             // P^T, [key][query]
+  Element* const grad_score_tile = tiles + T::kGradScoreOffset;  // dS^T, [key][query]
   float* const row_data = reinterpret_cast<float*>(tiles + T::kRowDataOffset);  // per slot: LSE·log2 e, D
 
   const int warp = threadIdx.x / kWarpSize;
@@ -278,209 +350,173 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
   issue_step(0);  // every key sees at least the last query tile: steps >= 1
   commit_copies();
 
-  // Where each lane points ldmatrix (lanes 8i .. 8i+7 give the rows of matrix i; stage 08's
-  // README, "ldmatrix"). Two patterns cover all five products:
-  //   "A rows": lane l reads row l % 16, 8-column chunk l / 16: the A fragment of a row-major
-  //     16 × 16 block, or, transposing, the B fragments of two 8-column tiles of a 16-row block.
-  //   "B rows": lane l reads row (l / 16)·8 + l % 8, chunk (l / 8) % 2: the B fragments of two
-  //     8-row tiles of a row-major block used as Bᵀ, or, transposing, the A fragment of the
-  //     transpose of a 16 × 16 block.
-  const int a_row = lane % 16;
-  const int a_chunk = lane / 16;
-  const int b_row = lane / 16 * 8 + lane % 8;
-  const int b_chunk = lane / 8 % 2;
-  const auto address = [](const Element* tile, int row, int column, int stride) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(tile + row * stride + column));
-  };
-  const int warp_key = warp * kMmaRows;  // the warp's first key in the tile
+  // The warp's shares (FlashAttention-2's layouts; 8 warps, D = 128 shown):
+  //
+  //   S^T, dP^T (Bc × Br)       dK, dV (Bc × D)           dQ (Br × D)
+  //   keys ↓  queries →         keys ↓  dims →            queries ↓  dims →
+  //   ┌────┬────┐               ┌────┬────┐               ┌──┬──┬──┬──┐
+  //   │ w0 │ w1 │  32 keys      │ w0 │ w1 │  32 keys      │w0│w1│w2│w3│  32 queries
+  //   ├────┼────┤               ├────┼────┤               ├──┼──┼──┼──┤
+  //   │ w2 │ w3 │               │ w2 │ w3 │               │w4│w5│w6│w7│
+  //   ├────┼────┤  32 queries   ├────┼────┤  64 dims      └──┴──┴──┘──┘
+  //   │ .. │ .. │  each         │ .. │ .. │  each          32 dims each
+  //
+  // A warp's S^T and dK, dV cover the same 32 keys. Reading an operand tile from shared memory
+  // once per 32 rows of output, not once per 16, is what this layout buys over one 16-key strip a
+  // warp; the price is that P^T and dS^T go through shared memory for dV and dK, as dS^T already
+  // did for dQ.
+  const int warp_key = warp / T::kStripWarps * T::kWarpKeys;             // the warp's first key in the tile
+  const int warp_query = warp % T::kStripWarps * T::kWarpQueries;        // its first query of S^T, dP^T
+  const int warp_grad_dim = warp % T::kStripWarps * T::kWarpGradDims;    // its first dim of dK, dV
+  const int dq_query = warp % T::kDqQueryStrips * T::kDqWarpQueries;     // its first query of dQ
+  const int dq_dim = warp / T::kDqQueryStrips * T::kDqDims;              // its first dim of dQ
 
-  float key_grad[kGradTiles][4] = {};    // dK for the warp's 16 keys and the block's dims, unscaled
-  float value_grad[kGradTiles][4] = {};  // dV
+  float key_grad[kKeyTiles][kGradTiles][4] = {};    // dK for the warp's 32 keys and dims, unscaled
+  float value_grad[kKeyTiles][kGradTiles][4] = {};  // dV
 
 #pragma unroll 1
   for (int step = 0; step < steps; ++step) {
     wait_copies<0>();  // this thread's copies of step `step` have landed
     // Every thread's copies are visible, and every warp is done with step - 1: its ring slot and
-    // the dS^T tile may be overwritten.
+    // the P^T and dS^T tiles may be overwritten.
     __syncthreads();
     if (step + 1 < steps) issue_step(step + 1);
     commit_copies();
     const int slot = step % T::kStages;
     const Element* query_slot = tiles + T::kRingOffset + slot * 2 * T::kQueryTileElements;
     const Element* grad_out_slot = query_slot + T::kQueryTileElements;
+    const float* slot_lse = row_data + slot * 2 * T::kQueries;
+    const float* slot_delta = slot_lse + T::kQueries;
     const int query_base = query_base_of(step);
 
-    // S^T = K Q^T for the warp's 16 keys and the step's Br queries: K as A ("A rows"), Q as Bᵀ
-    // ("B rows"), one ldmatrix of Q for two 8-query tiles.
-    float scores[kScoreTiles][4] = {};
-#pragma unroll
-    for (int d = 0; d < kDimSteps; ++d) {
-      unsigned keys[4];
-      load_matrices(keys, address(key_tile, warp_key + a_row, d * kMmaDepth + a_chunk * 8, T::kRowStride));
-#pragma unroll
-      for (int pair = 0; pair < kQuerySteps; ++pair) {
-        unsigned queries[4];
-        load_matrices(queries,
-                      address(query_slot, pair * kMmaDepth + b_row, d * kMmaDepth + b_chunk * 8, T::kRowStride));
-        mma_16x8x16<Element>(scores[2 * pair], keys, queries[0], queries[1]);
-        mma_16x8x16<Element>(scores[2 * pair + 1], keys, queries[2], queries[3]);
-      }
-    }
+    // S^T = K Q^T for the warp's 32 keys and kWarpQueries queries, over all the dims.
+    float scores[kKeyTiles][kScoreTiles][4] = {};
+    warp_multiply<Element, kByRow, kByRow, kKeyTiles, kScoreTiles, kDim>(
+        scores, key_tile + warp_key * T::kRowStride, T::kRowStride, query_slot + warp_query * T::kRowStride,
+        T::kRowStride);
 
     // EXERCISE BEGIN: P^T from the S^T accumulators and the LSE, masked
     // P^T = 2^(s · scale · log2 e − LSE · log2 e): exact probabilities, no max and no sum to redo.
-    // Element e of tile n is key lane_key[e / 2] and query query_base + 8n + 2·quad + e % 2. A key
-    // the row may not see (causal, or past Nk) weighs 0; rows past Nq have LSE = +inf, so 0 too.
-    const float* slot_lse = row_data + slot * 2 * T::kQueries;
-    const int lane_key[2] = {key_base + warp_key + group, key_base + warp_key + group + 8};
+    // Element e of tile (i, n) is key key_base + warp_key + 16i + group + 8·(e / 2) and query
+    // query_base + warp_query + 8n + 2·quad + e % 2. A key the row may not see (causal, or past
+    // Nk) weighs 0; rows past Nq have LSE = +inf, so 0 too.
     const bool needs_mask =
         key_base + T::kKeys > kv_seq || (causal && key_base + T::kKeys > causal_key_end(query_base, q_seq, kv_seq));
 #pragma unroll
-    for (int n = 0; n < kScoreTiles; ++n) {
+    for (int i = 0; i < kKeyTiles; ++i) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int query = n * kMmaCols + 2 * quad + e % 2;
-        const bool visible =
-            !needs_mask || lane_key[e / 2] < visible_key_end(query_base + query, q_seq, kv_seq, causal);
-        scores[n][e] = visible ? fast_exp2(fmaf(scores[n][e], scale_log2, -slot_lse[query])) : 0.0f;
-      }
-    }
-    // EXERCISE END
-
-    // dV += P^T dO: tiles 2j and 2j + 1 of P^T, rounded to 16-bit pairs, are the A fragment of
-    // queries 16j .. 16j + 15 (stage 08's P trick); dO as B, transposed on load ("A rows").
+      for (int n = 0; n < kScoreTiles; ++n) {
 #pragma unroll
-    for (int j = 0; j < kQuerySteps; ++j) {
-      const unsigned probs[4] = {pack_pair<Element>(scores[2 * j][0], scores[2 * j][1]),
-                                 pack_pair<Element>(scores[2 * j][2], scores[2 * j][3]),
-                                 pack_pair<Element>(scores[2 * j + 1][0], scores[2 * j + 1][1]),
-                                 pack_pair<Element>(scores[2 * j + 1][2], scores[2 * j + 1][3])};
-#pragma unroll
-      for (int pair = 0; pair < kGradSteps; ++pair) {
-        unsigned grads[4];
-        load_matrices_transposed(grads, address(grad_out_slot, j * kMmaDepth + a_row,
-                                                grad_dim_base + pair * kMmaDepth + a_chunk * 8, T::kRowStride));
-        mma_16x8x16<Element>(value_grad[2 * pair], probs, grads[0], grads[1]);
-        mma_16x8x16<Element>(value_grad[2 * pair + 1], probs, grads[2], grads[3]);
-      }
-    }
-
-    // dP^T = V dO^T: V as A ("A rows"), dO as Bᵀ ("B rows"), like S^T.
-    float grad_probs[kScoreTiles][4] = {};
-#pragma unroll
-    for (int d = 0; d < kDimSteps; ++d) {
-      unsigned values[4];
-      load_matrices(values, address(value_tile, warp_key + a_row, d * kMmaDepth + a_chunk * 8, T::kRowStride));
-#pragma unroll
-      for (int pair = 0; pair < kQuerySteps; ++pair) {
-        unsigned grads[4];
-        load_matrices(grads,
-                      address(grad_out_slot, pair * kMmaDepth + b_row, d * kMmaDepth + b_chunk * 8, T::kRowStride));
-        mma_16x8x16<Element>(grad_probs[2 * pair], values, grads[0], grads[1]);
-        mma_16x8x16<Element>(grad_probs[2 * pair + 1], values, grads[2], grads[3]);
-      }
-    }
-
-    // EXERCISE BEGIN: dS^T = P^T ∘ (dP^T − D), in place of P^T
-    const float* slot_delta = row_data + slot * 2 * T::kQueries + T::kQueries;
-#pragma unroll
-    for (int n = 0; n < kScoreTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        scores[n][e] *= grad_probs[n][e] - slot_delta[n * kMmaCols + 2 * quad + e % 2];
-      }
-    }
-    // EXERCISE END
-
-    // dK += dS^T Q, dS^T as A straight from the accumulators, Q as B transposed on load; and
-    // dS^T to shared memory, rounded as the A fragments are, for dQ.
-#pragma unroll
-    for (int j = 0; j < kQuerySteps; ++j) {
-      const unsigned grad_scores[4] = {pack_pair<Element>(scores[2 * j][0], scores[2 * j][1]),
-                                       pack_pair<Element>(scores[2 * j][2], scores[2 * j][3]),
-                                       pack_pair<Element>(scores[2 * j + 1][0], scores[2 * j + 1][1]),
-                                       pack_pair<Element>(scores[2 * j + 1][2], scores[2 * j + 1][3])};
-      // Register r of the fragment holds keys group (r even) or group + 8 (r odd), queries
-      // 16j + 8·(r / 2) + 2·quad and the next.
-      if constexpr (kAtomicGradQuery) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int row = warp_key + group + 8 * (r % 2);
-          const int column = j * kMmaDepth + 8 * (r / 2) + 2 * quad;
-          *reinterpret_cast<unsigned*>(score_tile + row * T::kScoreStride + column) = grad_scores[r];
+        for (int e = 0; e < 4; ++e) {
+          const int key = key_base + warp_key + i * kMmaRows + group + 8 * (e / 2);
+          const int query = warp_query + n * kMmaCols + 2 * quad + e % 2;
+          const bool visible = !needs_mask || key < visible_key_end(query_base + query, q_seq, kv_seq, causal);
+          scores[i][n][e] = visible ? fast_exp2(fmaf(scores[i][n][e], scale_log2, -slot_lse[query])) : 0.0f;
         }
       }
+    }
+    // EXERCISE END
+
+    // dP^T = V dO^T, like S^T.
+    float grad_probs[kKeyTiles][kScoreTiles][4] = {};
+    warp_multiply<Element, kByRow, kByRow, kKeyTiles, kScoreTiles, kDim>(
+        grad_probs, value_tile + warp_key * T::kRowStride, T::kRowStride, grad_out_slot + warp_query * T::kRowStride,
+        T::kRowStride);
+
+    // EXERCISE BEGIN: dS^T = P^T ∘ (dP^T − D), in place of dP^T
 #pragma unroll
-      for (int pair = 0; pair < kGradSteps; ++pair) {
-        unsigned queries[4];
-        load_matrices_transposed(queries, address(query_slot, j * kMmaDepth + a_row,
-                                                  grad_dim_base + pair * kMmaDepth + a_chunk * 8, T::kRowStride));
-        mma_16x8x16<Element>(key_grad[2 * pair], grad_scores, queries[0], queries[1]);
-        mma_16x8x16<Element>(key_grad[2 * pair + 1], grad_scores, queries[2], queries[3]);
+    for (int i = 0; i < kKeyTiles; ++i) {
+#pragma unroll
+      for (int n = 0; n < kScoreTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          grad_probs[i][n][e] = scores[i][n][e] * (grad_probs[i][n][e] - slot_delta[warp_query + n * kMmaCols + 2 * quad + e % 2]);
+        }
       }
     }
-    // dQ += dS K for the step's rows and the block's dims: warp w takes query strip w % strips and
-    // kDqDims dims from (w / strips)·kDqDims on. dS is read from dS^T transposed on load ("B rows" on dS^T); K as B,
-    // transposed on load ("A rows").
+    // EXERCISE END
+
+    // P^T and dS^T to shared memory, rounded to 16-bit pairs: the products below read them by
+    // whole 32-key strips (dV, dK) and transposed (dQ).
+#pragma unroll
+    for (int i = 0; i < kKeyTiles; ++i) {
+#pragma unroll
+      for (int n = 0; n < kScoreTiles; ++n) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int offset = (warp_key + i * kMmaRows + group + 8 * half) * T::kScoreStride + warp_query +
+                             n * kMmaCols + 2 * quad;
+          *reinterpret_cast<unsigned*>(prob_tile + offset) =
+              pack_pair<Element>(scores[i][n][2 * half], scores[i][n][2 * half + 1]);
+          *reinterpret_cast<unsigned*>(grad_score_tile + offset) =
+              pack_pair<Element>(grad_probs[i][n][2 * half], grad_probs[i][n][2 * half + 1]);
+        }
+      }
+    }
+    __syncthreads();  // P^T and dS^T are whole
+
+    // dV += P^T dO and dK += dS^T Q for the warp's 32 keys and kWarpGradDims dims, over the step's
+    // queries: P^T and dS^T by row, dO and Q by depth (their rows are queries).
+    warp_multiply<Element, kByRow, kByDepth, kKeyTiles, kGradTiles, T::kQueries>(
+        value_grad, prob_tile + warp_key * T::kScoreStride, T::kScoreStride,
+        grad_out_slot + grad_dim_base + warp_grad_dim, T::kRowStride);
+    warp_multiply<Element, kByRow, kByDepth, kKeyTiles, kGradTiles, T::kQueries>(
+        key_grad, grad_score_tile + warp_key * T::kScoreStride, T::kScoreStride,
+        query_slot + grad_dim_base + warp_grad_dim, T::kRowStride);
+
+    // dQ += dS K for the warp's kDqWarpQueries queries and kDqDims dims, over the tile's keys: dS
+    // read from dS^T transposed (by depth), K by depth (its rows are keys).
     if constexpr (kAtomicGradQuery) {
-      __syncthreads();  // the whole dS^T tile is in shared memory
-      const int strip = warp % T::kQueryStrips;
-      const int dim_base = grad_dim_base + warp / T::kQueryStrips * T::kDqDims;
-      float query_grad[kDqTiles][4] = {};
-#pragma unroll
-      for (int key_step = 0; key_step < T::kKeys / kMmaDepth; ++key_step) {
-        unsigned grad_scores[4];
-        load_matrices_transposed(grad_scores, address(score_tile, key_step * kMmaDepth + b_row,
-                                                      strip * kMmaRows + b_chunk * 8, T::kScoreStride));
-#pragma unroll
-        for (int pair = 0; pair < kDqTiles / 2; ++pair) {
-          unsigned keys[4];
-          load_matrices_transposed(keys, address(key_tile, key_step * kMmaDepth + a_row,
-                                                 dim_base + pair * kMmaDepth + a_chunk * 8, T::kRowStride));
-          mma_16x8x16<Element>(query_grad[2 * pair], grad_scores, keys[0], keys[1]);
-          mma_16x8x16<Element>(query_grad[2 * pair + 1], grad_scores, keys[2], keys[3]);
-        }
-      }
+      float query_grad[kDqRowTiles][kDqTiles][4] = {};
+      warp_multiply<Element, kByDepth, kByDepth, kDqRowTiles, kDqTiles, T::kKeys>(
+          query_grad, grad_score_tile + dq_query, T::kScoreStride, key_tile + grad_dim_base + dq_dim, T::kRowStride);
       // Other key tiles add to the same rows: FP32 atomic adds, unscaled (the last kernel scales).
-      const int64_t strip_row = query_row_of(step) + strip * kMmaRows;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = strip * kMmaRows + group + 8 * half;
-        if (query_base + row >= q_seq) continue;
-        float* destination = grad_q_accumulator + (strip_row + group + 8 * half) * dim;
+      for (int i = 0; i < kDqRowTiles; ++i) {
 #pragma unroll
-        for (int n = 0; n < kDqTiles; ++n) {
-          const int column = dim_base + n * kMmaCols + 2 * quad;
-          add_pair<kAsync>(destination + column, query_grad[n][2 * half], query_grad[n][2 * half + 1], dim - column);
+        for (int half = 0; half < 2; ++half) {
+          const int row = dq_query + i * kMmaRows + group + 8 * half;
+          if (query_base + row >= q_seq) continue;
+          float* destination = grad_q_accumulator + (query_row_of(step) + row) * dim;
+#pragma unroll
+          for (int n = 0; n < kDqTiles; ++n) {
+            const int column = grad_dim_base + dq_dim + n * kMmaCols + 2 * quad;
+            add_pair<kAsync>(destination + column, query_grad[i][n][2 * half], query_grad[i][n][2 * half + 1],
+                             dim - column);
+          }
         }
       }
     }
   }
 
-  // dK = scale · Σ dS^T Q and dV, once, for the warp's 16 keys: lane holds keys group and
-  // group + 8, dims grad_dim_base + 8n + 2·quad and the next.
+  // dK = scale · Σ dS^T Q and dV, once, for the warp's 32 keys: lane holds keys 16i + group and
+  // 16i + group + 8, dims grad_dim_base + warp_grad_dim + 8n + 2·quad and the next.
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int key = warp_key + group + 8 * half;
-    if (key >= valid_keys) continue;
-    Element* key_destination = grad_k + kv_offset + static_cast<int64_t>(key) * dim;
-    Element* value_destination = grad_v + kv_offset + static_cast<int64_t>(key) * dim;
+  for (int i = 0; i < kKeyTiles; ++i) {
 #pragma unroll
-    for (int n = 0; n < kGradTiles; ++n) {
-      const int column = grad_dim_base + n * kMmaCols + 2 * quad;
-      if constexpr (kAsync) {  // dim % 8 == 0 and aligned rows: a pair is one 4-byte store
-        if (column < dim) {
-          *reinterpret_cast<unsigned*>(key_destination + column) =
-              pack_pair<Element>(key_grad[n][2 * half] * scale, key_grad[n][2 * half + 1] * scale);
-          *reinterpret_cast<unsigned*>(value_destination + column) =
-              pack_pair<Element>(value_grad[n][2 * half], value_grad[n][2 * half + 1]);
-        }
-      } else {
+    for (int half = 0; half < 2; ++half) {
+      const int key = warp_key + i * kMmaRows + group + 8 * half;
+      if (key >= valid_keys) continue;
+      Element* key_destination = grad_k + kv_offset + static_cast<int64_t>(key) * dim;
+      Element* value_destination = grad_v + kv_offset + static_cast<int64_t>(key) * dim;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (column + e < dim) {
-            key_destination[column + e] = to_element<Element>(key_grad[n][2 * half + e] * scale);
-            value_destination[column + e] = to_element<Element>(value_grad[n][2 * half + e]);
+      for (int n = 0; n < kGradTiles; ++n) {
+        const int column = grad_dim_base + warp_grad_dim + n * kMmaCols + 2 * quad;
+        const float* key_pair = &key_grad[i][n][2 * half];
+        const float* value_pair = &value_grad[i][n][2 * half];
+        if constexpr (kAsync) {  // dim % 8 == 0 and aligned rows: a pair is one 4-byte store
+          if (column < dim) {
+            *reinterpret_cast<unsigned*>(key_destination + column) =
+                pack_pair<Element>(key_pair[0] * scale, key_pair[1] * scale);
+            *reinterpret_cast<unsigned*>(value_destination + column) = pack_pair<Element>(value_pair[0], value_pair[1]);
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (column + e < dim) {
+              key_destination[column + e] = to_element<Element>(key_pair[e] * scale);
+              value_destination[column + e] = to_element<Element>(value_pair[e]);
+            }
           }
         }
       }
@@ -528,7 +564,6 @@ __global__ void __launch_bounds__(GradQueryTiling<kDim>::kThreads)
                       int query_tiles, int q_heads, int kv_heads, bool causal, float scale, float scale_log2) {
 #if FA_STAGE11_DEVICE_CODE
   using T = GradQueryTiling<kDim>;
-  constexpr int kDimSteps = kDim / kMmaDepth;           // 16-dim steps (and 16-dim pairs of tiles)
   constexpr int kKeySteps = T::kKeys / kMmaDepth;       // 16-key steps (and pairs of tiles)
   constexpr int kScoreTiles = T::kKeys / kMmaCols;      // 8-key accumulator tiles of S
   constexpr int kGradSteps = T::kGradDims / kMmaDepth;  // 16-dim pairs of dQ tiles
@@ -572,10 +607,9 @@ __global__ void __launch_bounds__(GradQueryTiling<kDim>::kThreads)
   if (key_tiles > 0) issue_tile(0);
   commit_copies();
 
+  // "A rows" lanes (warp_multiply) for K by depth in dQ += dS K.
   const int a_row = lane % 16;
   const int a_chunk = lane / 16;
-  const int b_row = lane / 16 * 8 + lane % 8;
-  const int b_chunk = lane / 8 % 2;
   const auto address = [](const Element* tile, int row, int column) {
     return static_cast<unsigned>(__cvta_generic_to_shared(tile + row * T::kRowStride + column));
   };
@@ -605,20 +639,10 @@ __global__ void __launch_bounds__(GradQueryTiling<kDim>::kThreads)
     const Element* value_slot = key_slot + T::kKvTileElements;
     const int key_base = tile * T::kKeys;
 
-    // S = Q Kᵀ for the warp's 16 rows and the tile's 64 keys.
-    float scores[kScoreTiles][4] = {};
-#pragma unroll
-    for (int d = 0; d < kDimSteps; ++d) {
-      unsigned queries[4];
-      load_matrices(queries, address(query_tile, warp_row + a_row, d * kMmaDepth + a_chunk * 8));
-#pragma unroll
-      for (int pair = 0; pair < kKeySteps; ++pair) {
-        unsigned keys[4];
-        load_matrices(keys, address(key_slot, pair * kMmaDepth + b_row, d * kMmaDepth + b_chunk * 8));
-        mma_16x8x16<Element>(scores[2 * pair], queries, keys[0], keys[1]);
-        mma_16x8x16<Element>(scores[2 * pair + 1], queries, keys[2], keys[3]);
-      }
-    }
+    // S = Q Kᵀ for the warp's 16 rows and the tile's keys.
+    float scores[1][kScoreTiles][4] = {};
+    warp_multiply<Element, Stored::by_row, Stored::by_row, 1, kScoreTiles, kDim>(
+        scores, query_tile + warp_row * T::kRowStride, T::kRowStride, key_slot, T::kRowStride);
 
     // P = 2^(s · scale · log2 e − LSE · log2 e), 0 where the row may not see the key (by
     // selection: a row that sees no key has LSE = -inf).
@@ -630,24 +654,14 @@ __global__ void __launch_bounds__(GradQueryTiling<kDim>::kThreads)
         const int key = key_base + n * kMmaCols + 2 * quad + e % 2;
         const int row = query_base + warp_row + group + 8 * (e / 2);
         const bool visible = !needs_mask || key < visible_key_end(row, q_seq, kv_seq, causal);
-        scores[n][e] = visible ? fast_exp2(fmaf(scores[n][e], scale_log2, -row_lse[e / 2])) : 0.0f;
+        scores[0][n][e] = visible ? fast_exp2(fmaf(scores[0][n][e], scale_log2, -row_lse[e / 2])) : 0.0f;
       }
     }
 
     // dP = dO Vᵀ, like S.
-    float grad_probs[kScoreTiles][4] = {};
-#pragma unroll
-    for (int d = 0; d < kDimSteps; ++d) {
-      unsigned grads[4];
-      load_matrices(grads, address(grad_out_tile, warp_row + a_row, d * kMmaDepth + a_chunk * 8));
-#pragma unroll
-      for (int pair = 0; pair < kKeySteps; ++pair) {
-        unsigned values[4];
-        load_matrices(values, address(value_slot, pair * kMmaDepth + b_row, d * kMmaDepth + b_chunk * 8));
-        mma_16x8x16<Element>(grad_probs[2 * pair], grads, values[0], values[1]);
-        mma_16x8x16<Element>(grad_probs[2 * pair + 1], grads, values[2], values[3]);
-      }
-    }
+    float grad_probs[1][kScoreTiles][4] = {};
+    warp_multiply<Element, Stored::by_row, Stored::by_row, 1, kScoreTiles, kDim>(
+        grad_probs, grad_out_tile + warp_row * T::kRowStride, T::kRowStride, value_slot, T::kRowStride);
 
     // dQ += dS K with dS = P ∘ (dP − D): tiles 2j and 2j + 1 of dS, rounded to 16-bit pairs, are
     // the A fragment of keys 16j .. 16j + 15; K as B, transposed on load.
@@ -658,7 +672,7 @@ __global__ void __launch_bounds__(GradQueryTiling<kDim>::kThreads)
       for (int t = 0; t < 2; ++t) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          grad_scores[t][e] = scores[2 * j + t][e] * (grad_probs[2 * j + t][e] - row_d[e / 2]);
+          grad_scores[t][e] = scores[0][2 * j + t][e] * (grad_probs[0][2 * j + t][e] - row_d[e / 2]);
         }
       }
       const unsigned fragment[4] = {pack_pair<Element>(grad_scores[0][0], grad_scores[0][1]),
