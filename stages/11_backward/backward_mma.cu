@@ -5,22 +5,22 @@
 // is short: Tiling) and keeps that tile's dK and dV in registers, in the FP32 accumulators of
 // mma.sync, while it walks every query tile of every query head that reads the K/V head (its
 // grouped-query heads included, so dK and dV are summed in registers and written once: no
-// workspace and no second pass for them). Each warp owns 16 keys of the tile:
+// workspace and no second pass for them):
 //
-//   block (K/V head h, keys j0..j0+127)             the query tiles of h's group, in turn
-//   ┌────────────┐                                  ┌───────────┬───────────┬─────
-//   │ warp 0: 16 │  S^T = K Q^T   (16 × Br)          │ Q, dO,    │ Q, dO,    │
-//   │ warp 1: 16 │  P^T = exp2(S^T - LSE)           │ LSE, D    │ LSE, D    │ ...
-//   │    ...     │  dV += P^T dO     (registers)    │ tile 0    │ tile 1    │
-//   │ warp 7: 16 │  dP^T = V dO^T                   └───────────┴───────────┴─────
-//   └────────────┘  dS^T = P^T ∘ (dP^T - D)          cp.async ring: tile t+1 lands
-//   dK, dV stay     dK += dS^T Q      (registers)    while tile t is computed
-//   in registers    dS^T -> shared; dQ += dS K  (FP32 atomics into a workspace, every warp a part)
+//   block (K/V head h, keys j0..j0+127)        the query tiles of h's group, in turn
+//   ┌────────────┐                             ┌───────────┬───────────┬─────
+//   │ K, V tiles │  S^T = K Q^T                │ Q, dO,    │ Q, dO,    │
+//   │            │  P^T = exp2(S^T − LSE)      │ LSE, D    │ LSE, D    │ ...
+//   │ dK, dV in  │  dP^T = V dO^T              │ tile 0    │ tile 1    │
+//   │ registers  │  dS^T = P^T ∘ (dP^T − D)    └───────────┴───────────┴─────
+//   └────────────┘  P^T, dS^T -> shared         cp.async ring: tile t+1 lands
+//                   dV += P^T dO, dK += dS^T Q  while tile t is computed
+//                   dQ += dS K (FP32 atomics into a workspace)
 //
-// The five products are the forward's mma.m16n8k16 with ldmatrix, and the trick that made
-// stage 08 fast works twice here: the P^T and dS^T accumulators are already the A fragments of
-// dV += P^T dO and dK += dS^T Q. Only dQ needs dS the other way round (rows = queries), so
-// dS^T goes through shared memory once, where a transposing ldmatrix reads it as dS.
+// The five products are the forward's mma.m16n8k16 with ldmatrix, shared among the warps as
+// FlashAttention-2 shares them (each warp a 32-row strip of every output; the diagram is in the
+// kernel) by one function, warp_multiply. dV and dK need P^T and dS^T by whole key strips, and dQ
+// needs dS the other way round (rows = queries), so both go through shared memory once.
 //
 // dQ gets a share from every key tile, i.e. from many blocks: each adds its share to an FP32
 // copy of dQ with atomic adds (in 8-byte pairs on sm_90), and a last kernel scales it and rounds
@@ -32,7 +32,7 @@
 //
 // Shared tiles are stored with rows padded by 16 bytes instead of stage 08's swizzle: a row of
 // 144 or 272 bytes moves the 8 row addresses of an ldmatrix onto 8 different 16-byte bank groups,
-// which is all the swizzle bought, and the five operand patterns below stay plain row·stride +
+// which is all the swizzle bought, and every operand pattern below stays plain row·stride +
 // column arithmetic (the price: 16 bytes of shared memory per row).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -92,10 +92,11 @@ constexpr int kMaxDim = 256;
 constexpr int kMaxGradDims = 128;  // the dims of dK, dV and dQ one block owns, at most (registers)
 constexpr int kWarpStrip = 32;     // the output rows of a warp's share of a product: two mma row tiles
 constexpr unsigned kFullWarp = 0xffffffffu;
-// Everything that sizes the kernel of one head-dim bucket. Eight warps (128 keys, 64 query rows a
-// step) where shared memory allows: each Q and dO tile brought in serves twice the keys, and a
-// step twice the queries. Four warps (64 keys, 32 rows at D > 64) where it does not: D = 128 on
-// GPUs with less than 177 KB a block (the A100's 163 KB included), and D = 256.
+// Everything that sizes the kernel of one head-dim bucket. Eight warps (128 keys; 64 query rows a
+// step, 128 at D = 64) where shared memory allows: each Q and dO tile brought in serves twice the
+// keys, and a step twice the queries. Four warps (64 keys; 32 rows, 64 at D = 64) where it does
+// not: GPUs with less than 173 KB a block (D = 128) or 178 KB (D = 64), an A100's 163 KB
+// included, and D = 256.
 //
 // The warps tile each product the way FlashAttention-2 does (the layouts below), so that an
 // operand read from shared memory serves several warps' worth of output: a warp computes 32 keys
@@ -282,11 +283,11 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
                     int key_tiles, int q_heads, int kv_heads, bool causal, float scale, float scale_log2) {
 #if FA_STAGE11_DEVICE_CODE
   using T = Tiling<kDim, kWarpCount>;
-  constexpr int kKeyTiles = T::kWarpKeys / kMmaRows;          // 16-key row tiles of a warp's S^T, dK, dV
-  constexpr int kScoreTiles = T::kWarpQueries / kMmaCols;     // 8-query column tiles of its S^T
-  constexpr int kGradTiles = T::kWarpGradDims / kMmaCols;     // 8-dim column tiles of its dK, dV
-  constexpr int kDqRowTiles = T::kDqWarpQueries / kMmaRows;   // 16-query row tiles of its dQ
-  constexpr int kDqTiles = T::kDqDims / kMmaCols;             // 8-dim column tiles of its dQ
+  constexpr int kKeyTiles = T::kWarpKeys / kMmaRows;         // 16-key row tiles of a warp's S^T, dK, dV
+  constexpr int kScoreTiles = T::kWarpQueries / kMmaCols;    // 8-query column tiles of its S^T
+  constexpr int kGradTiles = T::kWarpGradDims / kMmaCols;    // 8-dim column tiles of its dK, dV
+  constexpr int kDqRowTiles = T::kDqWarpQueries / kMmaRows;  // 16-query row tiles of its dQ
+  constexpr int kDqTiles = T::kDqDims / kMmaCols;            // 8-dim column tiles of its dQ
   constexpr Stored kByRow = Stored::by_row;
   constexpr Stored kByDepth = Stored::by_depth;
 
@@ -294,8 +295,8 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
   Element* const tiles = reinterpret_cast<Element*>(shared);
   Element* const key_tile = tiles;
   Element* const value_tile = tiles + T::kKvTileElements;
-  Element* const prob_tile = tiles + T::kProbOffset;             // P^T, [key][query]
-  Element* const grad_score_tile = tiles + T::kGradScoreOffset;  // dS^T, [key][query]
+  Element* const prob_tile = tiles + T::kProbOffset;                            // P^T, [key][query]
+  Element* const grad_score_tile = tiles + T::kGradScoreOffset;                 // dS^T, [key][query]
   float* const row_data = reinterpret_cast<float*>(tiles + T::kRowDataOffset);  // per slot: LSE·log2 e, D
 
   const int warp = threadIdx.x / kWarpSize;
@@ -355,21 +356,21 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
   //   S^T, dP^T (Bc × Br)       dK, dV (Bc × D)           dQ (Br × D)
   //   keys ↓  queries →         keys ↓  dims →            queries ↓  dims →
   //   ┌────┬────┐               ┌────┬────┐               ┌──┬──┬──┬──┐
-  //   │ w0 │ w1 │  32 keys      │ w0 │ w1 │  32 keys      │w0│w1│w2│w3│  32 queries
+  //   │ w0 │ w1 │  32 keys      │ w0 │ w1 │  32 keys      │w0│w2│w4│w6│  32 queries
   //   ├────┼────┤               ├────┼────┤               ├──┼──┼──┼──┤
-  //   │ w2 │ w3 │               │ w2 │ w3 │               │w4│w5│w6│w7│
-  //   ├────┼────┤  32 queries   ├────┼────┤  64 dims      └──┴──┴──┘──┘
+  //   │ w2 │ w3 │               │ w2 │ w3 │               │w1│w3│w5│w7│
+  //   ├────┼────┤  32 queries   ├────┼────┤  64 dims      └──┴──┴──┴──┘
   //   │ .. │ .. │  each         │ .. │ .. │  each          32 dims each
   //
   // A warp's S^T and dK, dV cover the same 32 keys. Reading an operand tile from shared memory
   // once per 32 rows of output, not once per 16, is what this layout buys over one 16-key strip a
   // warp; the price is that P^T and dS^T go through shared memory for dV and dK, as dS^T already
   // did for dQ.
-  const int warp_key = warp / T::kStripWarps * T::kWarpKeys;             // the warp's first key in the tile
-  const int warp_query = warp % T::kStripWarps * T::kWarpQueries;        // its first query of S^T, dP^T
-  const int warp_grad_dim = warp % T::kStripWarps * T::kWarpGradDims;    // its first dim of dK, dV
-  const int dq_query = warp % T::kDqQueryStrips * T::kDqWarpQueries;     // its first query of dQ
-  const int dq_dim = warp / T::kDqQueryStrips * T::kDqDims;              // its first dim of dQ
+  const int warp_key = warp / T::kStripWarps * T::kWarpKeys;           // the warp's first key in the tile
+  const int warp_query = warp % T::kStripWarps * T::kWarpQueries;      // its first query of S^T, dP^T
+  const int warp_grad_dim = warp % T::kStripWarps * T::kWarpGradDims;  // its first dim of dK, dV
+  const int dq_query = warp % T::kDqQueryStrips * T::kDqWarpQueries;   // its first query of dQ
+  const int dq_dim = warp / T::kDqQueryStrips * T::kDqDims;            // its first dim of dQ
 
   float key_grad[kKeyTiles][kGradTiles][4] = {};    // dK for the warp's 32 keys and dims, unscaled
   float value_grad[kKeyTiles][kGradTiles][4] = {};  // dV
@@ -430,7 +431,8 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
       for (int n = 0; n < kScoreTiles; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          grad_probs[i][n][e] = scores[i][n][e] * (grad_probs[i][n][e] - slot_delta[warp_query + n * kMmaCols + 2 * quad + e % 2]);
+          grad_probs[i][n][e] =
+              scores[i][n][e] * (grad_probs[i][n][e] - slot_delta[warp_query + n * kMmaCols + 2 * quad + e % 2]);
         }
       }
     }
@@ -444,8 +446,8 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
       for (int n = 0; n < kScoreTiles; ++n) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int offset = (warp_key + i * kMmaRows + group + 8 * half) * T::kScoreStride + warp_query +
-                             n * kMmaCols + 2 * quad;
+          const int offset =
+              (warp_key + i * kMmaRows + group + 8 * half) * T::kScoreStride + warp_query + n * kMmaCols + 2 * quad;
           *reinterpret_cast<unsigned*>(prob_tile + offset) =
               pack_pair<Element>(scores[i][n][2 * half], scores[i][n][2 * half + 1]);
           *reinterpret_cast<unsigned*>(grad_score_tile + offset) =
