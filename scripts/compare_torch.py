@@ -8,8 +8,8 @@ on request), all compared with a float64 reference and timed with CUDA events. R
 results schema) are merged into --out: a row replaces the one with the same key (stage, gpu, shape,
 dtype, causal, pass); a file with the older B,H,N,D header is rewritten in the current one.
 
-Shapes: presets (seed001, seed001-d64, seed004, sweep-d64, sweep-d128, small, gqa, mqa, decode,
-decode-sweep, small-general), BxHxNxD, or BxHqxHkvxNqxNkxD; --kv-heads and --seq-k override Hkv and Nk of every
+Shapes: presets (seed001, seed001-d64, sweep-head-dims, seed004, sweep-d64, sweep-d128, small, gqa,
+mqa, decode, decode-sweep, small-general), BxHxNxD, or BxHqxHkvxNqxNkxD; --kv-heads and --seq-k override Hkv and Nk of every
 shape. --causal on|both adds causal masking (bottom-right aligned: is_causal=True for Nq = Nk,
 causal_lower_right otherwise). A stage that does not take a shape gets an `unsupported` row with the
 library's reason.

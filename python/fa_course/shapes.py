@@ -147,6 +147,8 @@ PRESETS: Dict[str, List[Problem]] = {
                         (2, 16, 8192, 128), (1, 16, 16384, 128)]),
     "seed001-d64": _square([(32, 16, 512, 64), (16, 16, 1024, 64), (8, 16, 2048, 64), (4, 16, 4096, 64),
                             (2, 16, 8192, 64), (1, 16, 16384, 64)]),
+    # the standard sweep from N = 2048 at the other head dims of stage 08's issue (64, 96, 192, 256)
+    "sweep-head-dims": _square([(16384 // n, 16, n, d) for d in (64, 96, 192, 256) for n in (2048, 4096, 8192, 16384)]),
     # the large-head shapes
     "seed004": _square([(1, 64, 1024, 128), (2, 64, 4096, 128), (4, 64, 8192, 128)]),
     # the sequence-length sweeps at B = H = 1, up to N = 2^17

@@ -24,11 +24,13 @@ class Problems(unittest.TestCase):
 
     def test_presets(self):
         self.assertEqual(len(parse_shapes("seed001")), 6)
-        for name in ("seed001", "seed001-d64", "seed004", "sweep-d64", "sweep-d128", "small", "gqa", "mqa",
-                     "decode"):
+        for name in ("seed001", "seed001-d64", "sweep-head-dims", "seed004", "sweep-d64", "sweep-d128", "small",
+                     "gqa", "mqa", "decode"):
             self.assertIn(name, shapes.PRESETS)
             for problem in shapes.PRESETS[name]:
                 self.assertEqual(problem.validate(), "", (name, problem))
+        self.assertEqual({(p.dim, p.batch * p.q_seq) for p in shapes.PRESETS["sweep-head-dims"]},
+                         {(d, 16384) for d in (64, 96, 192, 256)})
         self.assertEqual(shapes.PRESETS["gqa"][0], Problem(4, 32, 8, 4096, 4096, 128))
         self.assertEqual(shapes.PRESETS["mqa"][0].kv_heads, 1)
         decode = shapes.PRESETS["decode"]
