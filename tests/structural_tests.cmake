@@ -113,3 +113,8 @@ foreach(arch 80 90)
   fa_add_spill_test(NAME "stage12: ptxas spills nothing to local memory (sm_${arch})"
     STAGE 12_split_kv SOURCE split_kv.cu ARCH ${arch})
 endforeach()
+# On sm_90 the split kernel lets the merge kernel launch early, and the merge kernel waits for it
+# (programmatic dependent launch); sm_80 has neither instruction.
+fa_add_structural_test(NAME "stage12: the merge kernel launches early and waits for the split kernel (sm_90)"
+  STAGE 12_split_kv SOURCE split_kv.cu ARCH 90
+  PATTERN "griddepcontrol\\.launch_dependents" PATTERN "griddepcontrol\\.wait")

@@ -5,6 +5,7 @@ FP32, and CUDA-event timing. Shared by the torch runner and scripts/ceilings.py.
 from __future__ import annotations
 
 import statistics
+import time
 import warnings
 from typing import Callable, List, Tuple
 
@@ -73,20 +74,65 @@ def disable_tf32(torch) -> None:
                                f"be measured")
 
 
+class GpuHold:
+    """Keeps the GPU busy while the host submits a timed call. Events time the stream from `start` to
+    `end`, so if the GPU reaches `start` before the host has launched the call, the host's Python,
+    ctypes and dispatch time between them is timed too: tens of microseconds, most of a decoding
+    call, and a few percent of a millisecond kernel, different for every caller. A spin kernel
+    (torch.cuda._sleep) enqueued just before `start` and longer than the host's submission makes the
+    GPU reach `start` only after the call is queued behind it: the events then bracket GPU work
+    alone, as in a model whose host runs ahead of its GPU."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        torch.cuda._sleep(1000)  # its first launch loads the kernel
+        cycles = 1_000_000
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        self.cycles_per_ms = cycles / max(start.elapsed_time(end), 1e-3)
+
+    def __call__(self, ms: float) -> None:
+        self.torch.cuda._sleep(int(ms * self.cycles_per_ms))
+
+
+HOLD_MIN_MS = 0.1  # the hold: three times the slowest submission seen, within these bounds
+HOLD_MAX_MS = 2.0
+_holds = {}
+
+
+def gpu_hold(torch) -> GpuHold:
+    """The process's GpuHold for the current device, calibrated once."""
+    device = torch.cuda.current_device()
+    if device not in _holds:
+        _holds[device] = GpuHold(torch)
+    return _holds[device]
+
+
 def event_times_ms(torch, call: Callable[[], object], warmup: int, reps: int,
                    before_each: Callable[[], object] = None) -> List[float]:
     """Runs `call` warmup times untimed, then reps times each between two CUDA events on the current
     stream: the list of milliseconds. `before_each` (e.g. an L2 flush) runs before every timed call,
-    outside the events."""
+    outside the events. A GpuHold before each start event keeps the host's submission time out of
+    the events: three times the slowest submission seen so far (host clock), 0.1 to 2 ms."""
+    hold = gpu_hold(torch)
+    submit_ms = 0.0
     for _ in range(warmup):
+        started = time.perf_counter()
         call()
+        submit_ms = max(submit_ms, (time.perf_counter() - started) * 1e3)
     times = []
     for _ in range(reps):
         if before_each is not None:
             before_each()
+        hold(min(HOLD_MAX_MS, max(HOLD_MIN_MS, 3 * submit_ms)))
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        started = time.perf_counter()
         call()
+        submit_ms = max(submit_ms, (time.perf_counter() - started) * 1e3)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))

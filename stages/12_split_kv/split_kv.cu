@@ -16,8 +16,10 @@
 //      O = Σ_s 2^(LSE_s − M) · O_s / Σ_s 2^(LSE_s − M), M = max_s LSE_s (README, "The merge").
 //
 // The tile, the fragments, the swizzle and the cp.async ring are stage 08's (one 16-row strip per
-// warp, Q re-read from shared memory every tile: decoding is bound by memory, not registers).
-// split_kv.hpp holds the split rule; a prefill shape (Nq >= 64) runs stage 08's kernel unchanged.
+// warp, Q re-read from shared memory every tile: decoding is bound by memory, not registers). On
+// Hopper the merge kernel launches while the split kernel's last blocks still run (programmatic
+// dependent launch), so its launch gap is hidden. split_kv.hpp holds the split rule; a prefill shape
+// (Nq >= 64) runs stage 08's kernel unchanged.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -165,6 +167,24 @@ __device__ __forceinline__ void load_tile(Element* tile, const Element* source, 
           row < valid_rows && column < dim ? source[row * dim + column] : to_element<Element>(0.0f);
     }
   }
+}
+
+// Programmatic dependent launch (sm_90 on). A kernel launched with the attribute
+// cudaLaunchAttributeProgrammaticStreamSerialization may start before the kernel ahead of it on the
+// stream has finished: as soon as every block of that kernel has called launch_dependents (or
+// exited). Before it reads what that kernel wrote it calls wait_for_prerequisite, which returns once
+// that kernel has finished and its writes are visible. On older GPUs both are no-ops, and the launch
+// is an ordinary one.
+__device__ __forceinline__ void launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_prerequisite() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 
 #endif
@@ -408,6 +428,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
       partial_lse[partial_row] = log2_sum_exp;
     }
   }
+  // This block's rows are written: once every block is here, the merge kernel may launch. Its blocks
+  // start while the last blocks of this grid finish, instead of after them and a launch gap.
+  launch_dependents();
 #else
   __trap();  // never launched: the runner refuses GPUs older than sm_80 (the descriptor's architecture)
 #endif
@@ -430,6 +453,7 @@ __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
   const int warp = threadIdx.x / kWarpSize;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + warp;
   if (row >= q_rows) return;  // the whole warp: its row does not exist
+  wait_for_prerequisite();    // the split kernel has finished: every partial is written
 
   float merged[kDimsPerLane] = {};  // Σ_s w_s · O_s for this lane's dims
   float row_max = -INFINITY;        // M = max_s LSE_s
@@ -492,8 +516,9 @@ __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
 #endif
 }
 
+// `early_merge`: the GPU can launch the merge kernel before the split kernel ends (sm_90 on).
 template <typename Element, int kDim, bool kAsync>
-Status launch(const ForwardArgs& args, const split_kv::KeySplit& split) {
+Status launch(const ForwardArgs& args, const split_kv::KeySplit& split, bool early_merge) {
   using T = Tiling<kDim>;
   const Problem& problem = args.problem;
   const auto kernel = &split_kv_kernel<Element, kDim, kAsync>;
@@ -515,12 +540,20 @@ Status launch(const ForwardArgs& args, const split_kv::KeySplit& split) {
       problem.causal, scale_log2);
   FA_LAUNCH_TRY();
   if (!merge) return Status();
-  const auto merge_blocks = static_cast<unsigned>((problem.q_rows() + kMergeWarps - 1) / kMergeWarps);
-  merge_partials_kernel<Element, kDim><<<merge_blocks, kMergeWarps * kWarpSize, 0, args.stream>>>(
-      partial_out, partial_lse, static_cast<Element*>(args.o), args.lse, problem.q_rows(),
-      static_cast<int>(problem.dim), static_cast<int>(split.splits));
-  FA_LAUNCH_TRY();
-  return Status();
+  // The merge kernel, launched with programmatic stream serialization where the GPU has it.
+  cudaLaunchAttribute early;
+  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>((problem.q_rows() + kMergeWarps - 1) / kMergeWarps));
+  config.blockDim = dim3(kMergeWarps * kWarpSize);
+  config.stream = args.stream;
+  config.attrs = &early;
+  config.numAttrs = early_merge ? 1 : 0;
+  return Status::cuda(cudaLaunchKernelEx(&config, merge_partials_kernel<Element, kDim>,
+                                         static_cast<const float*>(partial_out), static_cast<const float*>(partial_lse),
+                                         static_cast<Element*>(args.o), args.lse, problem.q_rows(),
+                                         static_cast<int>(problem.dim), static_cast<int>(split.splits)));
 }
 
 template <typename Element>
@@ -532,8 +565,10 @@ Status forward(const ForwardArgs& args) {
   }
   int device = 0;
   int sm_count = 0;
+  int major = 0;
   FA_STATUS_TRY(Status::cuda(cudaGetDevice(&device)));
   FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device)));
+  FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)));
   const split_kv::KeySplit split = split_kv::plan_split(problem, std::min(sm_count, split_kv::kMaxSmCount));
   if (split.splits > 1 && args.workspace == nullptr) {
     return Status::unsupported("stage 12 needs its workspace for the partial results of a split");
@@ -542,7 +577,8 @@ Status forward(const ForwardArgs& args) {
   const bool async_copies = problem.dim % kChunkElements == 0 && all_aligned16({args.q, args.k, args.v});
   return dispatch_head_dim<64, 128, kMaxDim>(problem.dim, [&](auto bucket) {
     constexpr int kDim = decltype(bucket)::value;
-    return async_copies ? launch<Element, kDim, true>(args, split) : launch<Element, kDim, false>(args, split);
+    return async_copies ? launch<Element, kDim, true>(args, split, major >= 9)
+                        : launch<Element, kDim, false>(args, split, major >= 9);
   });
 }
 
