@@ -26,7 +26,10 @@ PyTorch's: one SDPA call and torch.autograd.grad on its graph); FLOPs 3.5x the f
 (the way serving engines run a decoding step) instead of plain calls from the host; the rows say
 "CUDA graph replay" in their note and go to plots/data/<gpu>/torch_graph.csv by default, beside the
 plain rows of torch.csv. Either way the L2 cache is flushed before each timed call where the inputs
-fit in it (--flush-l2 auto).
+fit in it (--flush-l2 auto), and a spin kernel holds the GPU while the host submits the call
+(fa_course.torch_gpu.GpuHold), so that the events time GPU work alone, never the host's Python,
+ctypes or dispatch time (tens of microseconds: most of a decoding call, and a few percent of a
+millisecond kernel when the GPU waits for it).
 
 Guards keep a phase inside a few minutes: a stage or backend whose calls would take longer than
 --max-call-seconds at a shape is skipped for that shape and larger ones (no row), and past
