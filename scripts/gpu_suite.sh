@@ -44,11 +44,16 @@ summary_start=$(($(wc -l <"$summary") + 1))  # this call's lines of the summary,
 export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"  # python3 -m fa_course.data
 
 note() { echo "$*" | tee -a "$summary"; }
-# FA_STAGES="06_wmma 07_fp16_pipelined" restricts the GPU phases to those stages.
+# FA_STAGES="06_wmma 07_fp16_pipelined" restricts the GPU phases to those stages (and the bench
+# phase runs 01_cpu only when FA_STAGES is empty or names it).
 gpu_stages() {
   ls "$repo/stages" | grep -E '^(0[2-9]|[1-9][0-9])_' | while read -r s; do
     [ -x "$bin/$s" ] && { [ -z "${FA_STAGES:-}" ] || [[ " $FA_STAGES " == *" $s "* ]]; } && echo "$s"
   done
+}
+# The bench phase's CPU stage (its points take minutes): left out when FA_STAGES names only GPU stages.
+cpu_stage() {
+  if [ -z "${FA_STAGES:-}" ] || [[ " $FA_STAGES " == *" 01_cpu "* ]]; then echo 01_cpu; fi
 }
 
 gpu_name() { nvidia-smi --query-gpu=name --format=csv,noheader | head -n1; }
@@ -185,16 +190,18 @@ phase_bench() {
       for e in 10 11 12 13 14 15 16 17; do run_point "$csv" "$stage" 1 1 $((1 << e)) $d || failed=$((failed + 1)); done
     done
   done
-  for d in 64 128; do
-    for n in 256 512 1024; do
-      run_point "$csv" 01_cpu 1 1 $n $d || failed=$((failed + 1))
-      run_point "$csv" 01_cpu 1 1 $n $d --causal || failed=$((failed + 1))
+  for stage in $(cpu_stage); do
+    for d in 64 128; do
+      for n in 256 512 1024; do
+        run_point "$csv" "$stage" 1 1 $n $d || failed=$((failed + 1))
+        run_point "$csv" "$stage" 1 1 $n $d --causal || failed=$((failed + 1))
+      done
     done
   done
   # Grouped-query (Hkv = 8) and multi-query (Hkv = 1) attention beside plain multi-head (Hkv = Hq
   # = 32), B = 1, D = 128: N = 4096 for the GPU stages that take general shapes (08 and later), N =
   # 1024 for the CPU stage (its cost).
-  for stage in 01_cpu $(gpu_stages | awk '$1 >= "08"'); do
+  for stage in $(cpu_stage) $(gpu_stages | awk '$1 >= "08"'); do
     is_decode_stage "$stage" && continue
     local n=4096
     [ "$stage" = 01_cpu ] && n=1024
@@ -202,7 +209,7 @@ phase_bench() {
       run_point "$csv" "$stage" 1 32 $n 128 --kv-heads $kv_heads || failed=$((failed + 1))
     done
   done
-  for stage in 01_cpu $(gpu_stages); do "$bin/$stage" --walkthrough >"$out/data/walkthrough_${stage:0:2}.txt" 2>&1; done
+  for stage in $(cpu_stage) $(gpu_stages); do "$bin/$stage" --walkthrough >"$out/data/walkthrough_${stage:0:2}.txt" 2>&1; done
   note "bench: $(($(wc -l <"$csv") - 1)) rows, $failed runs not ok (oom rows are expected for 02 at large N)"
   python3 "$repo/scripts/summarize_results.py" "$csv" | tee -a "$summary"
 }

@@ -40,44 +40,60 @@ fa::Problem decode(int64_t batch, int64_t q_seq, int64_t kv_seq, int64_t dim, bo
   return {batch, 32, 8, q_seq, kv_seq, dim, causal};
 }
 
-int device_sm_count() {
+// The splits this GPU uses for `problem`: the stage reads the same three attributes.
+int64_t splits_here(const fa::Problem& problem) {
   int device = 0;
   int sm_count = 0;
+  int memory_khz = 0;
+  int bus_bits = 0;
   REQUIRE(cudaGetDevice(&device) == cudaSuccess);
   REQUIRE(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
-  return sm_count;
-}
-
-// The splits this GPU uses for `problem` (the stage clamps the SM count the same way).
-int64_t splits_here(const fa::Problem& problem) {
-  return split_kv::plan_split(problem, std::min(device_sm_count(), split_kv::kMaxSmCount)).splits;
+  REQUIRE(cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess);
+  return split_kv::plan_split(problem, split_kv::wave_blocks(sm_count, memory_khz, bus_bits)).splits;
 }
 
 }  // namespace
 
+TEST_CASE("stage12: blocks per SM follow the SM's share of the memory bandwidth") {
+  // Needs no device. The attributes of an H100 SXM (2619 MHz over 5120 bits: 3.35 TB/s) and an
+  // H200 (3201 MHz over 6144 bits: 4.9 TB/s), 132 SMs each.
+  CHECK(split_kv::wave_blocks(132, 2619000, 5120) == 132);
+  CHECK(split_kv::wave_blocks(132, 3201000, 6144) == 2 * 132);
+  // No bandwidth reported: one block per SM; any bandwidth: at most the blocks that fit.
+  CHECK(split_kv::wave_blocks(108, 0, 0) == 108);
+  CHECK(split_kv::wave_blocks(16, 3201000, 6144) == split_kv::kMaxBlocksPerSm * 16);
+  // A GPU past kMaxSmCount plans as one of kMaxSmCount SMs (the workspace is sized for that).
+  CHECK(split_kv::wave_blocks(1000, 1000000, 1024) == split_kv::kMaxSmCount);
+}
+
 TEST_CASE("stage12: the split rule fills the GPU, keeps chunks whole and long, and covers every key") {
-  // Needs no device. 132 SMs (H100, H200).
-  constexpr int kSms = 132;
-  for (const int64_t batch : {1, 4, 16}) {
-    for (const int64_t q_seq : {1, 4, 16}) {
-      for (const int64_t kv_seq : {1, 100, 255, 256, 1000, 4096, 16384, 65536, 262144}) {
-        const fa::Problem problem = decode(batch, q_seq, kv_seq, 128);
-        const split_kv::KeySplit split = split_kv::plan_split(problem, kSms);
-        INFO(fa::describe(problem) << ": " << split.splits << " splits of " << split.chunk_keys << " keys");
-        CHECK(split.splits >= 1);
-        CHECK(split.splits <= split_kv::kMaxSplits);
-        CHECK(split.chunk_keys % split_kv::kChunkAlign == 0);
-        CHECK(split.splits * split.chunk_keys >= kv_seq);       // every key in a chunk
-        CHECK((split.splits - 1) * split.chunk_keys < kv_seq);  // no empty chunk
-        if (split.splits > 1) CHECK(split.chunk_keys >= split_kv::kMinChunkKeys);
-        // B·Hkv blocks (the group's 4·Nq <= 64 rows are one tile) fill 132 SMs only with splits,
-        // and never start a second wave.
-        const int64_t blocks = batch * 8 * split.splits;
-        if (kv_seq >= 65536) CHECK(blocks >= kSms);
-        CHECK(blocks <= split_kv::kBlocksPerSm * kSms);
+  // Needs no device. 132 SMs (H100, H200) of one block each, or two.
+  for (const int64_t wave : {132, 2 * 132}) {
+    for (const int64_t batch : {1, 4, 16}) {
+      for (const int64_t q_seq : {1, 4, 16}) {
+        for (const int64_t kv_seq : {1, 100, 255, 256, 1000, 4096, 16384, 65536, 262144}) {
+          const fa::Problem problem = decode(batch, q_seq, kv_seq, 128);
+          const split_kv::KeySplit split = split_kv::plan_split(problem, wave);
+          INFO(fa::describe(problem) << ", wave of " << wave << ": " << split.splits << " splits of "
+                                     << split.chunk_keys << " keys");
+          CHECK(split.splits >= 1);
+          CHECK(split.splits <= split_kv::kMaxSplits);
+          CHECK(split.chunk_keys % split_kv::kChunkAlign == 0);
+          CHECK(split.splits * split.chunk_keys >= kv_seq);       // every key in a chunk
+          CHECK((split.splits - 1) * split.chunk_keys < kv_seq);  // no empty chunk
+          if (split.splits > 1) CHECK(split.chunk_keys >= split_kv::kMinChunkKeys);
+          // B·Hkv blocks (the group's 4·Nq <= 64 rows are one tile) never start a second wave, and
+          // with keys enough they fill most of one (rounding chunks up to whole tiles may leave a
+          // split fewer than asked for).
+          const int64_t blocks = batch * 8 * split.splits;
+          CHECK(blocks <= std::max<int64_t>(wave, batch * 8));
+          if (kv_seq >= 65536) CHECK(blocks + 2 * batch * 8 > wave);
+        }
       }
     }
   }
+  constexpr int kSms = 132;
   // Enough row tiles to fill the GPU: one split, no merge.
   CHECK(split_kv::plan_split(fa::Problem{64, 8, 4, 3, 5000, 64, false}, kSms).splits == 1);
   CHECK(split_kv::plan_split(decode(64, 1, 65536, 128), kSms).splits == 1);
@@ -102,7 +118,7 @@ TEST_CASE("stage12: describes what it takes and sizes its workspace") {
     CHECK_FALSE(stage.features.backward);
     // FP32 partial rows and one LSE per row for every split of the largest GPU; none without a split.
     const fa::Problem problem = decode(1, 4, 65536, 128);
-    const int64_t splits = split_kv::plan_split(problem, split_kv::kMaxSmCount).splits;
+    const int64_t splits = split_kv::plan_split(problem, split_kv::kMaxBlocksPerSm * split_kv::kMaxSmCount).splits;
     CHECK(splits > 1);
     CHECK(fa::workspace_bytes(stage, problem) == splits * problem.q_rows() * (128 + 1) * 4);
     CHECK(fa::workspace_bytes(stage, fa::Problem::square(4, 16, 4096, 128)) == 0);

@@ -62,11 +62,20 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-KeySplit plan_split(const Problem& problem, int sm_count) {
+int64_t wave_blocks(int sm_count, int memory_khz, int bus_bits) {
+  // Peak bandwidth: two transfers a clock (double data rate) over the whole bus.
+  const double bytes_per_second = 2.0 * memory_khz * 1e3 * bus_bits / 8;
+  const double per_sm = bytes_per_second / std::max(sm_count, 1);
+  const auto blocks_per_sm =
+      std::clamp<int64_t>(static_cast<int64_t>(std::ceil(per_sm / kBlockBytesPerSecond)), 1, kMaxBlocksPerSm);
+  return std::min(sm_count, kMaxSmCount) * blocks_per_sm;
+}
+
+KeySplit plan_split(const Problem& problem, int64_t wave_blocks) {
   if (hands_to_stage08(problem)) return {1, problem.kv_seq};
   const int64_t base_blocks = problem.kv_heads_total() * ceil_div(problem.group_size() * problem.q_seq, kTileRows);
   // As many splits as fit in one wave of blocks: one more would start a second, mostly empty wave.
-  const int64_t wanted = std::max<int64_t>(1, kBlocksPerSm * sm_count / base_blocks);
+  const int64_t wanted = std::max<int64_t>(1, wave_blocks / base_blocks);
   const int64_t most = std::min(kMaxSplits, std::max<int64_t>(1, problem.kv_seq / kMinChunkKeys));
   const int64_t splits = std::min(wanted, most);
   // Whole tiles per chunk; rounding the chunk up may leave fewer chunks than asked for.
@@ -76,7 +85,7 @@ KeySplit plan_split(const Problem& problem, int sm_count) {
 
 int64_t workspace_bytes(const Problem& problem, Pass pass) {
   if (pass != Pass::forward) return 0;
-  const KeySplit split = plan_split(problem, kMaxSmCount);
+  const KeySplit split = plan_split(problem, kMaxBlocksPerSm * kMaxSmCount);
   if (split.splits == 1) return 0;
   return split.splits * problem.q_rows() * (problem.dim + 1) * static_cast<int64_t>(sizeof(float));
 }
@@ -566,10 +575,14 @@ Status forward(const ForwardArgs& args) {
   int device = 0;
   int sm_count = 0;
   int major = 0;
+  int memory_khz = 0;
+  int bus_bits = 0;
   FA_STATUS_TRY(Status::cuda(cudaGetDevice(&device)));
   FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device)));
   FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)));
-  const split_kv::KeySplit split = split_kv::plan_split(problem, std::min(sm_count, split_kv::kMaxSmCount));
+  FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device)));
+  FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device)));
+  const split_kv::KeySplit split = split_kv::plan_split(problem, split_kv::wave_blocks(sm_count, memory_khz, bus_bits));
   if (split.splits > 1 && args.workspace == nullptr) {
     return Status::unsupported("stage 12 needs its workspace for the partial results of a split");
   }

@@ -15,12 +15,24 @@ constexpr int64_t kTileRows = 64;
 constexpr int64_t kChunkAlign = 64;
 constexpr int64_t kMinChunkKeys = 256;
 constexpr int64_t kMaxSplits = 128;
-// The blocks that fit on one SM at D = 128 (112 KB of shared memory each on an H100 or H200): the
-// split aims at this many blocks per SM.
-constexpr int64_t kBlocksPerSm = 2;
+// How many blocks per SM the split aims at: as many as it takes to stream the SM's share of the
+// GPU's memory bandwidth, at most the two that fit at D = 128 (112 KB of shared memory each on an
+// H100 or H200). One block streams about kBlockBytesPerSecond: its tile loop (wait for a tile,
+// multiply, softmax, multiply) is not free, and more stages in its ring do not make it faster
+// (measured on an H200 at D = 128: 27-31 GB/s, Nq = 16 .. 1, with 3 to 6 stages). Fewer blocks
+// mean fewer splits: longer chunks and fewer partial rows to write and merge (README, "The split
+// rule").
+constexpr double kBlockBytesPerSecond = 30e9;
+constexpr int64_t kMaxBlocksPerSm = 2;
 // The workspace is sized for a GPU of up to this many SMs (an H200 has 132), so that it depends on
 // the problem alone.
 constexpr int kMaxSmCount = 256;
+
+// The blocks one wave holds on a GPU of `sm_count` SMs whose memory runs at `memory_khz` over
+// `bus_bits` bits (its device attributes): min(SMs, kMaxSmCount) times ceil(the SM's share of the
+// peak bandwidth / kBlockBytesPerSecond), that from 1 to kMaxBlocksPerSm. An H100 SXM's SM has
+// 25 GB/s (3.35 TB/s over 132 SMs): one block each; an H200's 36 GB/s (4.8 TB/s): two.
+int64_t wave_blocks(int sm_count, int memory_khz, int bus_bits);
 
 // A head with a full tile of its own query rows (prefill) gains nothing from packing or splitting:
 // stage 08's kernel runs it unchanged.
@@ -32,13 +44,13 @@ struct KeySplit {
 };
 
 // With base = B·Hkv·ceil(Hq/Hkv·Nq / 64) blocks (one per row tile of a group), as many splits as fit
-// in one wave of kBlocksPerSm blocks per SM: floor(kBlocksPerSm·SMs / base), at least 1 (the base
-// blocks alone fill more than half the GPU's slots), at most kMaxSplits, chunks of at least
-// kMinChunkKeys keys.
-KeySplit plan_split(const Problem& problem, int sm_count);
+// in one wave of `wave_blocks` blocks (SMs · blocks per SM, from wave_blocks()): floor(wave_blocks /
+// base), at least 1 (the base blocks alone fill more than half the wave), at most kMaxSplits, chunks
+// of at least kMinChunkKeys keys.
+KeySplit plan_split(const Problem& problem, int64_t wave_blocks);
 
 // FP32 partial outputs (splits × B·Hq·Nq × D) and their log-sum-exps (splits × B·Hq·Nq) when the
-// largest GPU (kMaxSmCount) would split; 0 otherwise.
+// largest wave (kMaxSmCount SMs of kMaxBlocksPerSm blocks) would split; 0 otherwise.
 int64_t workspace_bytes(const Problem& problem, Pass pass);
 
 }  // namespace fa::stages::split_kv
