@@ -27,6 +27,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <type_traits>
 
 #include "fa/causal.hpp"
@@ -565,6 +567,27 @@ Status launch(const ForwardArgs& args, const split_kv::KeySplit& split, bool ear
                                          static_cast<int>(problem.dim), static_cast<int>(split.splits)));
 }
 
+// The split's wave on `device`, from its attributes. Asking for the memory clock takes the driver
+// about as long as a short decoding step (it is not cached like the SM count), so each device is
+// asked once.
+Status device_wave_blocks(int device, int64_t* wave) {
+  static std::mutex mutex;
+  static std::map<int, int64_t> waves;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto known = waves.find(device); known != waves.end()) {
+    *wave = known->second;
+    return Status();
+  }
+  int sm_count = 0;
+  int memory_khz = 0;
+  int bus_bits = 0;
+  FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device)));
+  FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device)));
+  FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device)));
+  *wave = waves[device] = split_kv::wave_blocks(sm_count, memory_khz, bus_bits);
+  return Status();
+}
+
 template <typename Element>
 Status forward(const ForwardArgs& args) {
   const Problem& problem = args.problem;
@@ -573,16 +596,12 @@ Status forward(const ForwardArgs& args) {
     return stage08.forward(args);
   }
   int device = 0;
-  int sm_count = 0;
   int major = 0;
-  int memory_khz = 0;
-  int bus_bits = 0;
+  int64_t wave = 0;
   FA_STATUS_TRY(Status::cuda(cudaGetDevice(&device)));
-  FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device)));
   FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)));
-  FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device)));
-  FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device)));
-  const split_kv::KeySplit split = split_kv::plan_split(problem, split_kv::wave_blocks(sm_count, memory_khz, bus_bits));
+  FA_STATUS_TRY(device_wave_blocks(device, &wave));
+  const split_kv::KeySplit split = split_kv::plan_split(problem, wave);
   if (split.splits > 1 && args.workspace == nullptr) {
     return Status::unsupported("stage 12 needs its workspace for the partial results of a split");
   }
