@@ -132,6 +132,15 @@ struct Tiling {
   static_assert(kMinBlocksPerSm * (kSharedBytes + 1024) <= kSharedBytesPerSm,
                 "kMinBlocksPerSm blocks of this size do not fit in one SM's shared memory");
   static_assert(kSharedBytes <= kSharedBytesPerBlockSm80, "a block must fit on an A100 (sm_80) too");
+  static_assert(kChunksPerRow % kSwizzleRows == 0, "a row is whole groups of the 8 chunks the swizzle permutes");
+
+  // The register budget above, per lane: O and S of every strip, and Q when it stays. ptxas gets
+  // 65536 / (kThreads · kMinBlocksPerSm) registers a thread, 255 at most; addresses, the row
+  // maxima and sums and the loop state need about 32 more.
+  static constexpr int kFragmentRegisters = kStrips * (kDim / 2 + kKeys / 2) + (kQueryInRegisters ? kDim / 4 : 0);
+  static constexpr int kRegisterCap =
+      65536 / (kThreads * kMinBlocksPerSm) < 255 ? 65536 / (kThreads * kMinBlocksPerSm) : 255;
+  static_assert(kFragmentRegisters + 32 <= kRegisterCap, "O, S and Q leave no room under the register cap: they spill");
 };
 
 // The swizzle. In a row-major tile the 8 row addresses of one ldmatrix 8x8 matrix are 128 or

@@ -447,8 +447,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
 #endif
 }
 
-constexpr int kMergeWarps = 4;        // one warp per row
-constexpr int kPartialsInFlight = 8;  // partial rows loaded before the first is used
+constexpr int kMergeWarps = 4;  // one warp per row
 
 // Row `row` of O from its `splits` partials: (O_s, LSE_s) with O_s normalized over chunk s and
 // LSE_s = m_s + log2 l_s. Each lane holds dims lane, lane + 32, ... The merge reads every partial
@@ -460,6 +459,7 @@ __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
                           Element* __restrict__ o, float* __restrict__ lse, int64_t q_rows, int dim, int splits) {
 #if FA_STAGE12_DEVICE_CODE
   constexpr int kDimsPerLane = kDim / kWarpSize;
+  constexpr int kPartialsInFlight = 8;  // partial rows loaded before the first is used
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + warp;
