@@ -7,7 +7,7 @@
 #   fa_stage_<ID>   a library with the stage (linked by tests, the course and the C ABI)
 #   <ID>            the stage's executable (bin/<ID>), the shared command line of common/
 # and generates <fa_source_hash.h> with FA_SOURCE_HASH, the source_hash of design.md's results CSV
-# (scripts/source_hash.py: stages/<ID> and common/, comments and whitespace ignored), recomputed at
+# (scripts/source_hash.py: stages/<ID>, the stages it links and common/, comments and whitespace ignored), recomputed at
 # every build so a binary always reports the code it was built from.
 #
 # With FA_EXERCISE naming the stage (04, 04_online_softmax, or "all"), the stage is built from

@@ -127,6 +127,23 @@ file(WRITE ${header} "${original_header}\nnamespace fa { int probe; }\n")
 expect(different "a declaration added to common/")
 restore()
 
+# A stage that links another stage's library carries that stage's code in its hash (stage 12 runs
+# stage 08's kernel at prefill shapes): a dependent stage made in the copy changes hash with ${STAGE}.
+set(dependent ${tree}/stages/99_dependent)
+file(MAKE_DIRECTORY ${dependent})
+file(WRITE ${dependent}/CMakeLists.txt "# links fa_stage_00_not_a_library in a comment only\n"
+  "target_link_libraries(fa_stage_99_dependent PUBLIC\n  fa_stage_${STAGE})\n")
+hash(dependent_before 99_dependent)
+file(WRITE ${kernel} "${original_kernel}\nint fa_source_hash_probe;\n")
+hash(dependent_after 99_dependent)
+restore()
+if(dependent_before STREQUAL dependent_after)
+  message(SEND_ERROR "FAILED: a change in ${STAGE} left the hash of a stage that links it at ${dependent_before}")
+else()
+  message(STATUS "ok: a stage that links ${STAGE} changes hash with it")
+endif()
+file(REMOVE_RECURSE ${dependent})
+
 # The header CMake includes: written with the hash, and not rewritten when it has not changed.
 set(output ${WORK}/generated/fa_source_hash.h)
 execute_process(COMMAND ${PYTHON} ${ROOT}/scripts/source_hash.py --root ${tree} --header ${output} --stage ${STAGE}

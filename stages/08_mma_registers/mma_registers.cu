@@ -31,6 +31,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -80,6 +81,9 @@ constexpr int kSwizzleGroupDims = kSwizzleRows * kChunkElements;  // 64: the 8 c
 constexpr int kMaxDim = 256;
 constexpr int kSharedBytesPerSm = 228 * 1024;         // H100/H200; 1 KB of it is reserved per block
 constexpr int kSharedBytesPerBlockSm80 = 163 * 1024;  // the most one block may opt in to on an A100
+// Registers a lane needs besides the O, S and Q fragments: addresses, the row maxima and sums, and
+// the loop's state.
+constexpr int kOtherRegisters = 32;
 
 // Everything that sizes the kernel of one head-dim bucket (64, 96, 128, 192 or 256). Change one
 // constant and the rest follows; the static_asserts say when a choice cannot work. What bounds
@@ -94,24 +98,31 @@ struct Tiling {
   // Warps per block; 16-row strips per warp (the M of one mma); keys per K/V tile (Bc) and K/V
   // tiles in the cp.async ring. Br = 16·kStrips·kWarps. A warp with two strips multiplies every
   // K and V fragment it loads from shared memory into both, which halves the shared-memory reads
-  // per product; the price is S and O for 32 rows in registers, so Q no longer fits beside them
-  // and is re-read from shared memory every tile. D = 96 and 128: two strips, two 64-key stages,
-  // 96 KB a block, two blocks per SM; D = 64: two strips, three stages, 64 KB a block, two blocks
-  // per SM. A head dim below the bucket (padded) keeps one strip, with Q in registers: its runtime
-  // strides need the registers a second strip would take (at D <= 64 that is 56 KB a block and
-  // three blocks per SM). D = 192: eight warps of one strip, Q in registers, two 64-key stages,
-  // 144 KB, one block per SM. D = 256: eight warps of one strip, three 32-key stages (S in 16
-  // registers, which leaves room for Q's 64 beside O's 128), 160 KB, one block per SM; a padded
-  // head dim there re-reads Q from shared memory, its runtime strides taking Q's registers.
+  // per product; the price is S and O for 32 rows in registers. Q stays in registers for the
+  // whole loop when O, S and Q fit under the register cap (below), else the loop re-reads it from
+  // shared memory every tile: D = 64 and 96 keep it (two strips: 64 + 64 + 32 and 96 + 64 + 48),
+  // D = 128 does not (128 + 64 + 64). D = 96 and 128: two strips, two 64-key stages, 96 KB a
+  // block, two blocks per SM; D = 64: two strips, three stages, 64 KB a block, two blocks per SM.
+  // A head dim below the bucket (padded) keeps one strip, with Q in registers: its runtime strides
+  // need the registers a second strip would take (at D <= 64 that is 56 KB a block and three
+  // blocks per SM). D = 192: eight warps of one strip, Q in registers, two 64-key stages, 144 KB,
+  // one block per SM. D = 256: eight warps of one strip, three 32-key stages (S in 16 registers,
+  // which leaves room for Q's 64 beside O's 128), 160 KB, one block per SM; a padded head dim
+  // there re-reads Q from shared memory, its runtime strides taking Q's registers.
   static constexpr int kWarps = kWide ? 8 : 4;
   static constexpr int kStrips = kExactDim && !kWide ? 2 : 1;
   static constexpr int kKeys = kDim > 192 ? 32 : 64;
   static constexpr int kStages = kDim <= 64 || kDim > 192 ? 3 : 2;
-  static constexpr bool kQueryInRegisters = kStrips == 1 && (kDim <= 192 || kExactDim);
   // Blocks that must fit on one SM at once: a register cap for ptxas (65536 / (threads ·
-  // blocks) per thread). It must not be so low that O, Q and S spill: four blocks of D = 64
-  // would fit in shared memory, but their 128 registers a thread spill.
+  // blocks) per thread, 255 at most). It must not be so low that O, Q and S spill: four blocks of
+  // D = 64 would fit in shared memory, but their 128 registers a thread spill.
   static constexpr int kMinBlocksPerSm = kWide ? 1 : kDim <= 64 && kStrips == 1 ? 3 : 2;
+  static constexpr int kRegisterCap = std::min(65536 / (kWarps * kWarpSize * kMinBlocksPerSm), 255);
+  // Per lane: O and S of every strip, and Q's A fragments if they stay.
+  static constexpr int kAccumulatorRegisters = kStrips * (kDim / 2 + kKeys / 2);
+  static constexpr int kQueryRegisters = kStrips * kDim / 4;
+  static constexpr bool kQueryInRegisters =
+      kAccumulatorRegisters + kQueryRegisters + kOtherRegisters <= kRegisterCap && (kDim <= 192 || kExactDim);
 
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kWarpRows = kStrips * kStripRows;
@@ -134,13 +145,8 @@ struct Tiling {
   static_assert(kSharedBytes <= kSharedBytesPerBlockSm80, "a block must fit on an A100 (sm_80) too");
   static_assert(kChunksPerRow % kSwizzleRows == 0, "a row is whole groups of the 8 chunks the swizzle permutes");
 
-  // The register budget above, per lane: O and S of every strip, and Q when it stays. ptxas gets
-  // 65536 / (kThreads · kMinBlocksPerSm) registers a thread, 255 at most; addresses, the row
-  // maxima and sums and the loop state need about 32 more.
-  static constexpr int kFragmentRegisters = kStrips * (kDim / 2 + kKeys / 2) + (kQueryInRegisters ? kDim / 4 : 0);
-  static constexpr int kRegisterCap =
-      65536 / (kThreads * kMinBlocksPerSm) < 255 ? 65536 / (kThreads * kMinBlocksPerSm) : 255;
-  static_assert(kFragmentRegisters + 32 <= kRegisterCap, "O, S and Q leave no room under the register cap: they spill");
+  static_assert(kAccumulatorRegisters + (kQueryInRegisters ? kQueryRegisters : 0) + kOtherRegisters <= kRegisterCap,
+                "O, S and Q leave no room under the register cap: they spill");
 };
 
 // The swizzle. In a row-major tile the 8 row addresses of one ldmatrix 8x8 matrix are 128 or
@@ -236,8 +242,9 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
 #if FA_STAGE08_DEVICE_CODE
   using T = Tiling<kDim, kExactDim>;
   const int dim = kExactDim ? kDim : dim_argument;
-  // One strip: the warp's Q fragments stay in registers for the whole loop. Two strips, or a padded
-  // D in the 256 bucket: no room beside S and O, so the loop reloads them from shared memory.
+  // Where O, S and Q fit (Tiling), the warp's Q fragments stay in registers for the whole loop;
+  // otherwise (D = 128's two strips, a padded D in the 256 bucket) the loop reloads them from
+  // shared memory.
   constexpr bool kQueryInRegisters = T::kQueryInRegisters;
   constexpr int kDimSteps = kDim / kMmaDepth;       // 16-dim steps of QKᵀ; 16-dim pairs of O tiles
   constexpr int kKeySteps = T::kKeys / kMmaDepth;   // 16-key steps of P·V
@@ -370,14 +377,17 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   const auto query_address = [&](int strip, int step) {
     return step_address(query_lane_address, step) + strip * kBlockRowBytes;
   };
-  // Q and tile 0 have landed. With one strip a warp takes its 16 rows of Q into registers for the
-  // whole loop; with two, there is no room beside S and O, and the loop reloads them.
+  // Q and tile 0 have landed. Where they fit, a warp takes its rows of Q into registers for the
+  // whole loop; otherwise the loop reloads them.
   wait_copies<T::kStages - 2>();
   __syncthreads();
-  unsigned query[kDimSteps][4];
+  unsigned query[T::kStrips][kDimSteps][4];
   if constexpr (kQueryInRegisters) {
 #pragma unroll
-    for (int step = 0; step < kDimSteps; ++step) load_matrices(query[step], query_address(0, step));
+    for (int strip = 0; strip < T::kStrips; ++strip) {
+#pragma unroll
+      for (int step = 0; step < kDimSteps; ++step) load_matrices(query[strip][step], query_address(strip, step));
+    }
   }
 
   // O for the warp's rows in FP32 accumulator tiles, never normalized until the end
@@ -431,7 +441,7 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
         load_matrices(keys, step_address(key_slot + key_lane_offset, step) + pair * kBlockRowBytes);
 #pragma unroll
         for (int strip = 0; strip < T::kStrips; ++strip) {
-          const unsigned(&a)[4] = kQueryInRegisters ? query[step] : strip_query[strip];
+          const unsigned(&a)[4] = kQueryInRegisters ? query[strip][step] : strip_query[strip];
           mma_16x8x16<Element>(scores[strip][2 * pair], a, keys[0], keys[1]);
           mma_16x8x16<Element>(scores[strip][2 * pair + 1], a, keys[2], keys[3]);
         }
