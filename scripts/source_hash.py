@@ -134,9 +134,9 @@ def normalize_c(text):
 _BRACKET_OPEN = re.compile(r"\[(=*)\[")
 
 
-def normalize_cmake(text):
-    """CMake code without # comments (line and bracket) and without whitespace outside quoted and
-    bracket arguments."""
+def normalize_cmake(text, keep_whitespace=False):
+    """CMake code without # comments (line and bracket) and, unless keep_whitespace, without
+    whitespace outside quoted and bracket arguments."""
     out = []
     i, n = 0, len(text)
     while i < n:
@@ -169,7 +169,7 @@ def normalize_cmake(text):
             out.append(text[i:i + 2])
             i += 2
             continue
-        if c.isspace():
+        if c.isspace() and not keep_whitespace:
             i += 1
             continue
         out.append(c)
@@ -224,7 +224,7 @@ def stage_dependencies(stage, root=ROOT):
         if not os.path.isfile(path):
             continue
         with open(path, encoding="utf-8") as handle:
-            text = "\n".join(line.split("#", 1)[0] for line in handle)
+            text = normalize_cmake(handle.read(), keep_whitespace=True)
         for call in LINK_CALL.finditer(text):
             for token in call.group(1).split():
                 match = STAGE_LIBRARY.match(token)
