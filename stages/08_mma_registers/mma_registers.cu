@@ -106,13 +106,18 @@ struct Tiling {
   // A head dim below the bucket (padded) keeps one strip, with Q in registers: its runtime strides
   // need the registers a second strip would take (at D <= 64 that is 56 KB a block and three
   // blocks per SM). D = 192: eight warps of one strip, Q in registers, two 64-key stages, 144 KB,
-  // one block per SM. D = 256: eight warps of one strip, three 32-key stages (S in 16 registers,
-  // which leaves room for Q's 64 beside O's 128), 160 KB, one block per SM; a padded head dim
-  // there re-reads Q from shared memory, its runtime strides taking Q's registers.
+  // one block per SM. D = 256: eight warps of one strip, Q re-read from shared memory (O's 128
+  // registers, S's 32 and Q's 64 would be 256), and staggered loads (below), 128 KB, one block
+  // per SM.
   static constexpr int kWarps = kWide ? 8 : 4;
   static constexpr int kStrips = kExactDim && !kWide ? 2 : 1;
-  static constexpr int kKeys = kDim > 192 ? 32 : 64;
-  static constexpr int kStages = kDim <= 64 || kDim > 192 ? 3 : 2;
+  static constexpr int kKeys = 64;
+  // Staggered loads (FlashAttention-2's schedule), at D = 256: one K slot and one V slot instead
+  // of a ring of (K, V) pairs. V of tile t loads while S = Q·Kᵀ of tile t is computed, and K of
+  // tile t + 1 while the softmax and P·V of tile t are. A ring of two 64-key pairs would take
+  // 192 KB, more than an A100 gives a block.
+  static constexpr bool kStaggered = kDim > 192;
+  static constexpr int kStages = kStaggered ? 1 : kDim <= 64 ? 3 : 2;
   // Blocks that must fit on one SM at once: a register cap for ptxas (65536 / (threads ·
   // blocks) per thread, 255 at most). It must not be so low that O, Q and S spill: four blocks of
   // D = 64 would fit in shared memory, but their 128 registers a thread spill.
@@ -134,12 +139,13 @@ struct Tiling {
   static constexpr int kRowBytes = kRowDim * 2;
   static constexpr int kQueryTileBytes = kQueryRows * kRowBytes;
   static constexpr int kKvTileBytes = kKeys * kRowBytes;
-  // Q tile (later each warp's output staging), then the ring: kStages pairs of (K tile, V tile).
+  // Q tile (later each warp's output staging), then the ring: kStages pairs of (K tile, V tile)
+  // (staggered: one pair, whose K and V load at different times).
   static constexpr int kSharedBytes = kQueryTileBytes + kStages * 2 * kKvTileBytes;
 
   static_assert(kDim % kMmaDepth == 0, "a bucket is whole 16-dim steps of QKᵀ");
   static_assert(kKeys % kMmaDepth == 0, "a K/V tile is whole 16-key steps of P·V");
-  static_assert(kStages >= 2, "a pipeline needs a tile in flight while another is computed");
+  static_assert(kStages >= 2 || kStaggered, "a pipeline needs a tile in flight while another is computed");
   static_assert(kMinBlocksPerSm * (kSharedBytes + 1024) <= kSharedBytesPerSm,
                 "kMinBlocksPerSm blocks of this size do not fit in one SM's shared memory");
   static_assert(kSharedBytes <= kSharedBytesPerBlockSm80, "a block must fit on an A100 (sm_80) too");
@@ -299,29 +305,30 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
     return causal ? static_cast<int>(causal_key_end(row, q_seq, kv_seq)) : kv_seq;
   };
 
-  // Tile t goes to ring slot t % kStages. On the fallback path the same call copies synchronously.
-  const auto issue_kv_tile = [&](int tile) {
+  // Tile t goes to ring slot t % kStages, its K, its V or both (staggered loads issue them apart).
+  // On the fallback path the same call copies synchronously.
+  enum Parts { kKeyPart = 1, kValuePart = 2, kBothParts = 3 };
+  const auto issue_kv_tile = [&](int tile, Parts parts = kBothParts) {
     Element* key_slot = ring + 2 * (tile % T::kStages) * kTileElements;
     Element* value_slot = key_slot + kTileElements;
     const int key_base = tile * T::kKeys;
     const int valid_keys = min(T::kKeys, kv_seq - key_base);
     const int64_t tile_offset = static_cast<int64_t>(key_base) * dim;
-    if constexpr (kAsyncCopies) {
-      issue_tile_async<Element, T::kRowDim, T::kKeys, T::kThreads>(key_slot, head_keys + tile_offset, valid_keys, dim,
-                                                                   threadIdx.x);
-      issue_tile_async<Element, T::kRowDim, T::kKeys, T::kThreads>(value_slot, head_values + tile_offset, valid_keys,
-                                                                   dim, threadIdx.x);
-    } else {
-      load_tile_sync<Element, T::kRowDim, T::kKeys, T::kThreads>(key_slot, head_keys + tile_offset, valid_keys, dim,
-                                                                 threadIdx.x);
-      load_tile_sync<Element, T::kRowDim, T::kKeys, T::kThreads>(value_slot, head_values + tile_offset, valid_keys, dim,
-                                                                 threadIdx.x);
-    }
+    const auto issue = [&](Element* slot, const Element* source) {
+      if constexpr (kAsyncCopies) {
+        issue_tile_async<Element, T::kRowDim, T::kKeys, T::kThreads>(slot, source, valid_keys, dim, threadIdx.x);
+      } else {
+        load_tile_sync<Element, T::kRowDim, T::kKeys, T::kThreads>(slot, source, valid_keys, dim, threadIdx.x);
+      }
+    };
+    if (parts & kKeyPart) issue(key_slot, head_keys + tile_offset);
+    if (parts & kValuePart) issue(value_slot, head_values + tile_offset);
   };
 
   // The prologue: Q joins the first group of copies, then the ring fills all but one slot. Every
   // step commits a group, empty or not, so "tile j has landed" is always "at most kStages - 2
-  // groups are still in flight" (stage 07).
+  // groups are still in flight" (stage 07). Staggered, only K of tile 0 joins Q's group, and every
+  // wait is for all of this thread's copies.
   const Element* query_source = q + (work.query_head * q_seq + block_first_row) * dim;
   if constexpr (kAsyncCopies) {
     issue_tile_async<Element, T::kRowDim, T::kQueryRows, T::kThreads>(query_tile, query_source, q_seq - block_first_row,
@@ -329,6 +336,10 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   } else {
     load_tile_sync<Element, T::kRowDim, T::kQueryRows, T::kThreads>(query_tile, query_source, q_seq - block_first_row,
                                                                     dim, threadIdx.x);
+  }
+  if constexpr (T::kStaggered) {
+    if (tiles > 0) issue_kv_tile(0, kKeyPart);
+    commit_copies();
   }
 #pragma unroll
   for (int tile = 0; tile < T::kStages - 1; ++tile) {
@@ -377,9 +388,9 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   const auto query_address = [&](int strip, int step) {
     return step_address(query_lane_address, step) + strip * kBlockRowBytes;
   };
-  // Q and tile 0 have landed. Where they fit, a warp takes its rows of Q into registers for the
-  // whole loop; otherwise the loop reloads them.
-  wait_copies<T::kStages - 2>();
+  // Q and tile 0 (staggered: its K) have landed. Where they fit, a warp takes its rows of Q into
+  // registers for the whole loop; otherwise the loop reloads them.
+  wait_copies<T::kStaggered ? 0 : T::kStages - 2>();
   __syncthreads();
   unsigned query[T::kStrips][kDimSteps][4];
   if constexpr (kQueryInRegisters) {
@@ -415,11 +426,19 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
 
 #pragma unroll 1
   for (int tile = 0; tile < tiles; ++tile) {
-    wait_copies<T::kStages - 2>();  // this thread's copies of tile `tile` have landed
-    // Every thread's copies of the tile are visible, and every warp is done with tile - 1, whose
-    // slot the next copies overwrite.
-    __syncthreads();
-    if (tile + T::kStages - 1 < tiles) issue_kv_tile(tile + T::kStages - 1);
+    if constexpr (T::kStaggered) {
+      // K of this tile has landed, and every warp is done with V of the last one: V of this tile
+      // loads while S is computed.
+      wait_copies<0>();
+      __syncthreads();
+      issue_kv_tile(tile, kValuePart);
+    } else {
+      wait_copies<T::kStages - 2>();  // this thread's copies of tile `tile` have landed
+      // Every thread's copies of the tile are visible, and every warp is done with tile - 1, whose
+      // slot the next copies overwrite.
+      __syncthreads();
+      if (tile + T::kStages - 1 < tiles) issue_kv_tile(tile + T::kStages - 1);
+    }
     commit_copies();
     const unsigned key_slot = ring_base + 2 * (tile % T::kStages) * T::kKvTileBytes;
     const unsigned value_slot = key_slot + T::kKvTileBytes;
@@ -446,6 +465,15 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
           mma_16x8x16<Element>(scores[strip][2 * pair + 1], a, keys[2], keys[3]);
         }
       }
+    }
+
+    if constexpr (T::kStaggered) {
+      // V has landed, and every warp is done with K: K of the next tile loads during the softmax
+      // and P·V.
+      wait_copies<0>();
+      __syncthreads();
+      if (tile + 1 < tiles) issue_kv_tile(tile + 1, kKeyPart);
+      commit_copies();
     }
 
     // P as the A fragments of P·V: probs[strip][j] covers keys 16j .. 16j + 15.
