@@ -97,6 +97,7 @@ phase_sanitize() {
     local pass=() shapes=("--batch 2 --heads 1 --seq 150 --dim 72" "--batch 1 --heads 2 --seq 70 --dim 128"
       "--batch 1 --heads 2 --seq 150 --dim 64 --causal")
     is_backward_stage "$stage" && pass=(--pass bwd)
+    is_wide_stage "$stage" && shapes+=("--batch 1 --heads 2 --seq 150 --dim 256 --causal" "--batch 2 --heads 1 --seq 70 --dim 200")
     # A decoding stage: split keys and a merge (D = 128, 100 on the synchronous copies, 256), and
     # enough query rows to fill the GPU without a split (one block writes O itself).
     is_decode_stage "$stage" && shapes=("--heads 32 --kv-heads 8 --seq 4 --seq-k 5000 --dim 128 --causal --lse"
@@ -124,6 +125,20 @@ phase_sanitize() {
 # The stages whose idea is the backward pass (fa_stage_features "backward" in the built library:
 # 11_backward), by number, comma-separated, asked once. Their rows are of the backward (--pass bwd);
 # their forward pass is an earlier stage's kernel (stage 08's), measured under that stage's name.
+# The stages whose kernels take head dims up to 256 (fa_stage_max_dim), by number, comma-separated:
+# the sanitizer runs them at D = 256 too, where their widest tiles are.
+wide_numbers=""
+wide_numbers_known=0
+is_wide_stage() {
+  if [ $wide_numbers_known -eq 0 ]; then
+    wide_numbers=$(python3 -c 'import sys; from fa_course import capi
+print(",".join(sorted({s.id[:2] for s in capi.Library(sys.argv[1]).stages() if s.is_cuda and s.max_dim >= 256})))' \
+      "$build/lib/libfa_capi.so" 2>>"$out/logs/stages.log")
+    wide_numbers_known=1
+  fi
+  [[ ",$wide_numbers," == *",${1:0:2},"* ]]
+}
+
 backward_numbers=""
 backward_numbers_known=0
 backward_stages() {
