@@ -122,35 +122,39 @@ phase_sanitize() {
   [ $failures -eq 0 ]
 }
 
+# The numbers, comma-separated, of the built library's CUDA stages for which the Python condition
+# $1 on `s` (a fa_course.capi stage) holds.
+capi_stage_numbers() {
+  python3 -c 'import sys; from fa_course import capi
+print(",".join(sorted({s.id[:2] for s in capi.Library(sys.argv[1]).stages() if s.is_cuda and eval(sys.argv[2])})))' \
+    "$build/lib/libfa_capi.so" "$1" 2>>"$out/logs/stages.log"
+}
+
 # The stages whose idea is the backward pass (fa_stage_features "backward" in the built library:
 # 11_backward), by number, comma-separated, asked once. Their rows are of the backward (--pass bwd);
 # their forward pass is an earlier stage's kernel (stage 08's), measured under that stage's name.
-# The stages whose kernels take head dims up to 256 (fa_stage_max_dim), by number, comma-separated:
-# the sanitizer runs them at D = 256 too, where their widest tiles are.
-wide_numbers=""
-wide_numbers_known=0
-is_wide_stage() {
-  if [ $wide_numbers_known -eq 0 ]; then
-    wide_numbers=$(python3 -c 'import sys; from fa_course import capi
-print(",".join(sorted({s.id[:2] for s in capi.Library(sys.argv[1]).stages() if s.is_cuda and s.max_dim >= 256})))' \
-      "$build/lib/libfa_capi.so" 2>>"$out/logs/stages.log")
-    wide_numbers_known=1
-  fi
-  [[ ",$wide_numbers," == *",${1:0:2},"* ]]
-}
-
 backward_numbers=""
 backward_numbers_known=0
 backward_stages() {
   if [ $backward_numbers_known -eq 0 ]; then
-    backward_numbers=$(python3 -c 'import sys; from fa_course import capi
-print(",".join(sorted({s.id[:2] for s in capi.Library(sys.argv[1]).stages() if s.is_cuda and s.supports("backward")})))' \
-      "$build/lib/libfa_capi.so" 2>>"$out/logs/stages.log")
+    backward_numbers=$(capi_stage_numbers 's.supports("backward")')
     backward_numbers_known=1
   fi
   echo "$backward_numbers"
 }
 is_backward_stage() { backward_stages >/dev/null; [[ ",$backward_numbers," == *",${1:0:2},"* ]]; }
+
+# The stages whose kernels take head dims up to 256 (fa_stage_max_dim), by number, comma-separated,
+# asked once: the sanitizer runs them at D = 256 too, where their widest tiles are.
+wide_numbers=""
+wide_numbers_known=0
+is_wide_stage() {
+  if [ $wide_numbers_known -eq 0 ]; then
+    wide_numbers=$(capi_stage_numbers 's.max_dim >= 256')
+    wide_numbers_known=1
+  fi
+  [[ ",$wide_numbers," == *",${1:0:2},"* ]]
+}
 
 # The decoding stages (fa_course.selection.DECODE_STAGES: 12_split_kv), by number, comma-separated.
 # They run their own kernel only for a few query rows against many keys and hand a square problem
