@@ -14,7 +14,8 @@
 // The operands come from shared memory through ldmatrix, which hands each lane the elements of
 // four 8x8 matrices in the same documented layout. Its eight row addresses per matrix would all
 // hit the same banks in a plain row-major tile (a row is 128 or 256 bytes), so the tiles are
-// stored swizzled: 16-byte chunk c of row r lives at chunk c ^ (r % 8) of that row.
+// stored swizzled: 16-byte chunk c of row r lives at chunk c ^ (r % 8) of that row (at D = 96,
+// rows of 12 chunks, c ^ (r / 2 % 4) within groups of 4 chunks).
 //
 // The rest is stage 07: the cp.async ring for K and V, FP16 or BF16 in and out with FP32
 // accumulation, sm_80 and newer, head dims in buckets (here 64, 96, 128, 192 and 256, each with
@@ -77,7 +78,11 @@ constexpr int kMmaDepth = 16;                    // the K of mma.m16n8k16: 16 di
 constexpr int kChunkBytes = 16;                  // one cp.async, one ldmatrix row
 constexpr int kChunkElements = kChunkBytes / 2;  // of a 16-bit type
 constexpr int kSwizzleRows = 8;                  // the swizzle permutes the chunks of every 8 consecutive rows
-constexpr int kSwizzleGroupDims = kSwizzleRows * kChunkElements;  // 64: the 8 chunks that the swizzle permutes
+// The chunks of a row that the swizzle permutes among themselves: groups of 8 (64 dims) where a row
+// is whole such groups, else groups of 4 (D = 96: a row of 12 chunks, three groups of 4).
+constexpr int swizzle_group_chunks(int chunks_per_row) {
+  return chunks_per_row % kSwizzleRows == 0 ? kSwizzleRows : kSwizzleRows / 2;
+}
 constexpr int kMaxDim = 256;
 constexpr int kSharedBytesPerSm = 228 * 1024;         // H100/H200; 1 KB of it is reserved per block
 constexpr int kSharedBytesPerBlockSm80 = 163 * 1024;  // the most one block may opt in to on an A100
@@ -101,8 +106,9 @@ struct Tiling {
   // per product; the price is S and O for 32 rows in registers. Q stays in registers for the
   // whole loop when O, S and Q fit under the register cap (below), else the loop re-reads it from
   // shared memory every tile: D = 64 and 96 keep it (two strips: 64 + 64 + 32 and 96 + 64 + 48),
-  // D = 128 does not (128 + 64 + 64). D = 96 and 128: two strips, two 64-key stages, 96 KB a
-  // block, two blocks per SM; D = 64: two strips, three stages, 64 KB a block, two blocks per SM.
+  // D = 128 does not (128 + 64 + 64). D = 64: two strips, three 64-key stages, 64 KB a block, two
+  // blocks per SM; D = 96: the same with rows of 96 dims, 96 KB; D = 128: two strips, two stages,
+  // 96 KB, two blocks per SM.
   // A head dim below the bucket (padded) keeps one strip, with Q in registers: its runtime strides
   // need the registers a second strip would take (at D <= 64 that is 56 KB a block and three
   // blocks per SM). D = 192: eight warps of one strip, Q in registers, two 64-key stages, 144 KB,
@@ -117,7 +123,7 @@ struct Tiling {
   // tile t + 1 while the softmax and P·V of tile t are. A ring of two 64-key pairs would take
   // 192 KB, more than an A100 gives a block.
   static constexpr bool kStaggered = kDim > 192;
-  static constexpr int kStages = kStaggered ? 1 : kDim <= 64 ? 3 : 2;
+  static constexpr int kStages = kStaggered ? 1 : kDim <= 96 ? 3 : 2;
   // Blocks that must fit on one SM at once: a register cap for ptxas (65536 / (threads ·
   // blocks) per thread, 255 at most). It must not be so low that O, Q and S spill: four blocks of
   // D = 64 would fit in shared memory, but their 128 registers a thread spill.
@@ -132,10 +138,11 @@ struct Tiling {
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kWarpRows = kStrips * kStripRows;
   static constexpr int kQueryRows = kWarps * kWarpRows;  // Br
-  // A row in shared memory holds whole groups of 8 chunks (64 dims), the unit the swizzle permutes:
-  // at D = 96 a row is stored as 128 dims, whose last 32 the products never read.
-  static constexpr int kRowDim = (kDim + kSwizzleGroupDims - 1) / kSwizzleGroupDims * kSwizzleGroupDims;
+  // A row in shared memory is the bucket's D wide: whole groups of the chunks the swizzle permutes
+  // (8 chunks, or 4 at D = 96), no padding.
+  static constexpr int kRowDim = kDim;
   static constexpr int kChunksPerRow = kRowDim / kChunkElements;
+  static constexpr int kSwizzleGroupChunks = swizzle_group_chunks(kChunksPerRow);
   static constexpr int kRowBytes = kRowDim * 2;
   static constexpr int kQueryTileBytes = kQueryRows * kRowBytes;
   static constexpr int kKvTileBytes = kKeys * kRowBytes;
@@ -149,7 +156,7 @@ struct Tiling {
   static_assert(kMinBlocksPerSm * (kSharedBytes + 1024) <= kSharedBytesPerSm,
                 "kMinBlocksPerSm blocks of this size do not fit in one SM's shared memory");
   static_assert(kSharedBytes <= kSharedBytesPerBlockSm80, "a block must fit on an A100 (sm_80) too");
-  static_assert(kChunksPerRow % kSwizzleRows == 0, "a row is whole groups of the 8 chunks the swizzle permutes");
+  static_assert(kChunksPerRow % kSwizzleGroupChunks == 0, "a row is whole groups of the chunks the swizzle permutes");
 
   static_assert(kAccumulatorRegisters + (kQueryInRegisters ? kQueryRegisters : 0) + kOtherRegisters <= kRegisterCap,
                 "O, S and Q leave no room under the register cap: they spill");
@@ -158,10 +165,13 @@ struct Tiling {
 // The swizzle. In a row-major tile the 8 row addresses of one ldmatrix 8x8 matrix are 128 or
 // 256 bytes apart: all in the same four banks, an 8-way conflict. Storing chunk c of row r at
 // chunk c ^ (r % 8) spreads any 8 consecutive rows' copies of one chunk over 8 different
-// 16-byte bank groups, and every chunk stays whole (cp.async writes it in one piece).
+// 16-byte bank groups, and every chunk stays whole (cp.async writes it in one piece). Rows of 12
+// chunks (D = 96, 192 bytes) already alternate between the two halves of the 32 banks, so
+// c ^ (r / 2 % 4), within a group of 4 chunks, does the rest: again 8 different bank groups.
 template <int kChunksPerRow>
 __device__ __forceinline__ int swizzled_chunk_index(int row, int chunk) {
-  return row * kChunksPerRow + (chunk ^ (row & (kSwizzleRows - 1)));  // row % 8, rows being >= 0
+  constexpr int kRowsPerPattern = kSwizzleRows / swizzle_group_chunks(kChunksPerRow);   // 1, or 2 at D = 96
+  return row * kChunksPerRow + (chunk ^ (row & (kSwizzleRows - 1)) / kRowsPerPattern);  // rows being >= 0
 }
 
 // Copies `kRows` rows of a (rows x dim) matrix from global memory into a swizzled shared tile of
@@ -194,12 +204,13 @@ __device__ __forceinline__ unsigned block_index_again() {
 constexpr int kMmaKeys = 8;  // keys (or dims) per FP32 accumulator tile: the N of mma.m16n8k16
 
 // Issues the copies of a kRows x kRowDim tile into a swizzled shared tile, without waiting. A row
-// is copied by kThreadsPerRow consecutive threads (8 at D = 64 and 192, 16 at D = 96 and 128, 32
-// at D = 256), each taking every kThreadsPerRow-th chunk of it: whole 128-byte lines of global
-// memory, and (swizzled or not) eight different bank groups of shared memory.
+// is copied by kThreadsPerRow consecutive threads (8 at D = 64 and 192, 4 at D = 96, 16 at D = 128,
+// 32 at D = 256), each taking every kThreadsPerRow-th chunk of it: whole 64- or 128-byte pieces
+// of global memory, and (swizzled or not) different bank groups of shared memory.
 template <typename Element, int kRowDim, int kRows, int kThreadCount>
 __device__ void issue_tile_async(Element* tile, const Element* source, int valid_rows, int dim, int thread) {
   constexpr int kChunksPerRow = kRowDim / kChunkElements;
+  constexpr int kGroupChunks = swizzle_group_chunks(kChunksPerRow);
   // A pass covers a multiple of 8 rows. At D = 192 (24 chunks a row) that leaves 8 threads a row,
   // three chunks each, 8 chunks apart.
   constexpr int kThreadsPerRow = std::gcd(kThreadCount / kSwizzleRows, kChunksPerRow);
@@ -210,9 +221,9 @@ __device__ void issue_tile_async(Element* tile, const Element* source, int valid
   // fixed stride reaches all its sources. (Written as row · dim per pass, the compiler keeps every
   // pass's 64-bit offset in registers of its own for the whole K/V loop, where they are scarce.)
   // The passes are a multiple of 8 rows apart, so they share row % 8 and the swizzled chunk, and a
-  // thread's chunks of one row are a multiple of 8 apart, which the swizzle leaves apart: the
+  // thread's chunks of one row are whole swizzle groups apart, which the swizzle leaves apart: the
   // shared destinations are one offset plus constants.
-  static_assert(kRowsPerPass % kSwizzleRows == 0 && kThreadsPerRow % kSwizzleRows == 0,
+  static_assert(kRowsPerPass % kSwizzleRows == 0 && kThreadsPerRow % kGroupChunks == 0,
                 "every pass keeps row % 8, every chunk of a thread keeps its place in a group of 8");
   const int first_row = thread / kThreadsPerRow;
   const int chunk = thread % kThreadsPerRow;
@@ -308,8 +319,8 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   // Tile t goes to ring slot t % kStages, its K, its V or both (staggered loads issue them apart).
   // On the fallback path the same call copies synchronously.
   enum Parts { kKeyPart = 1, kValuePart = 2, kBothParts = 3 };
-  const auto issue_kv_tile = [&](int tile, Parts parts = kBothParts) {
-    Element* key_slot = ring + 2 * (tile % T::kStages) * kTileElements;
+  const auto issue_kv_tile = [&](int tile, int slot, Parts parts = kBothParts) {
+    Element* key_slot = ring + 2 * slot * kTileElements;
     Element* value_slot = key_slot + kTileElements;
     const int key_base = tile * T::kKeys;
     const int valid_keys = min(T::kKeys, kv_seq - key_base);
@@ -338,12 +349,12 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
                                                                     dim, threadIdx.x);
   }
   if constexpr (T::kStaggered) {
-    if (tiles > 0) issue_kv_tile(0, kKeyPart);
+    if (tiles > 0) issue_kv_tile(0, 0, kKeyPart);
     commit_copies();
   }
 #pragma unroll
   for (int tile = 0; tile < T::kStages - 1; ++tile) {
-    if (tile < tiles) issue_kv_tile(tile);
+    if (tile < tiles) issue_kv_tile(tile, tile);
     commit_copies();
   }
 
@@ -362,15 +373,16 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   const int key_chunk = lane / 8 % 2;
   // The swizzle as address arithmetic. Chunk 2·(step % 4) + bit of a row lands at chunk
   // (2·(step % 4)) ^ (bit ^ row % 8) of its group of 8: the lane's byte address for 16-dim step 0,
-  // XOR 32·(step % 4), plus 128 bytes per group of 4 steps. Tiles and rows start on 128-byte
-  // boundaries, so the XOR touches only the chunk bits. One register per operand, not four, and
-  // 16 rows down or 128 bytes right are constants that ldmatrix takes as an immediate.
-  constexpr int kStepsPerGroup = kSwizzleRows / 2;  // 16-dim steps per group of 8 chunks
-  constexpr int kGroupBytes = kSwizzleRows * kChunkBytes;
+  // XOR 32·(step % 4), plus 128 bytes per group of 4 steps (at D = 96, groups of 4 chunks: XOR
+  // 32·(step % 2), plus 64 bytes per 2 steps). Tiles and rows start on group boundaries, so the
+  // XOR touches only the chunk bits. One register per operand, not four, and 16 rows down or a
+  // group right are constants that ldmatrix takes as an immediate.
+  constexpr int kStepsPerGroup = T::kSwizzleGroupChunks / 2;
+  constexpr int kGroupBytes = T::kSwizzleGroupChunks * kChunkBytes;
   constexpr int kBlockRowBytes = kMmaDepth * T::kRowBytes;  // 16 rows
   static_assert(
       T::kRowBytes % kGroupBytes == 0 && T::kKvTileBytes % kGroupBytes == 0 && T::kQueryTileBytes % kGroupBytes == 0,
-      "rows and tiles start on 128-byte boundaries");
+      "rows and tiles start on swizzle-group boundaries");
   const auto step_address = [](unsigned lane_address, int step) {
     return (lane_address ^ step % kStepsPerGroup * 2 * kChunkBytes) + step / kStepsPerGroup * kGroupBytes;
   };
@@ -424,23 +436,34 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
     }
   }
 
+  // At D = 96 the loop carries its tile's ring slot (tile % kStages) from tile to tile, counted
+  // down, instead of computing it. Same slot, different registers: that kernel sits at the cap, and
+  // ptxas spills 8 bytes of it with the slot computed (on sm_80 and sm_90) or counted up (on
+  // sm_80). The other buckets compute it (their machine code is then unchanged).
+  constexpr bool kCarriedSlot = kDim == 96;
 #pragma unroll 1
-  for (int tile = 0; tile < tiles; ++tile) {
+  for (int tile = 0, slots_after = T::kStages - 1; tile < tiles;
+       ++tile, slots_after = slots_after == 0 ? T::kStages - 1 : slots_after - 1) {
+    const int slot = T::kStages - 1 - slots_after;  // tile % kStages (kCarriedSlot)
     if constexpr (T::kStaggered) {
       // K of this tile has landed, and every warp is done with V of the last one: V of this tile
       // loads while S is computed.
       wait_copies<0>();
       __syncthreads();
-      issue_kv_tile(tile, kValuePart);
+      issue_kv_tile(tile, 0, kValuePart);
     } else {
       wait_copies<T::kStages - 2>();  // this thread's copies of tile `tile` have landed
       // Every thread's copies of the tile are visible, and every warp is done with tile - 1, whose
       // slot the next copies overwrite.
       __syncthreads();
-      if (tile + T::kStages - 1 < tiles) issue_kv_tile(tile + T::kStages - 1);
+      // Tile tile + kStages - 1 goes to the slot before this tile's (the one tile - 1 used).
+      if (tile + T::kStages - 1 < tiles) {
+        issue_kv_tile(tile + T::kStages - 1,
+                      kCarriedSlot ? (slot == 0 ? T::kStages - 1 : slot - 1) : (tile + T::kStages - 1) % T::kStages);
+      }
     }
     commit_copies();
-    const unsigned key_slot = ring_base + 2 * (tile % T::kStages) * T::kKvTileBytes;
+    const unsigned key_slot = ring_base + 2 * (kCarriedSlot ? slot : tile % T::kStages) * T::kKvTileBytes;
     const unsigned value_slot = key_slot + T::kKvTileBytes;
     const int key_base = tile * T::kKeys;
 
@@ -472,7 +495,7 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
       // and P·V.
       wait_copies<0>();
       __syncthreads();
-      if (tile + 1 < tiles) issue_kv_tile(tile + 1, kKeyPart);
+      if (tile + 1 < tiles) issue_kv_tile(tile + 1, 0, kKeyPart);
       commit_copies();
     }
 
@@ -594,8 +617,8 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   const int64_t warp_output_row =
       output_work.query_head * q_seq + output_work.query_tile * T::kQueryRows + warp * T::kWarpRows;
   __syncwarp();
-  // As in issue_tile_async, a row is written by kLanesPerRow lanes (8 at D = 64 and 192, 16 at D = 96
-  // and 128, 32 at D = 256), each taking every kLanesPerRow-th chunk of it.
+  // As in issue_tile_async, a row is written by kLanesPerRow lanes (8 at D = 64 and 192, 4 at D = 96,
+  // 16 at D = 128, 32 at D = 256), each taking every kLanesPerRow-th chunk of it.
   constexpr int kLanesPerRow = std::gcd(kWarpSize, T::kChunksPerRow);
   constexpr int kRowsPerPass = kWarpSize / kLanesPerRow;
 #pragma unroll
