@@ -93,6 +93,7 @@ class GpuHold:
         end.record()
         end.synchronize()
         self.cycles_per_ms = cycles / max(start.elapsed_time(end), 1e-3)
+        self.best_mhz = 0  # the highest SM clock read under load (rest_until_clock_recovers)
 
     def __call__(self, ms: float) -> None:
         self.torch.cuda._sleep(int(ms * self.cycles_per_ms))
@@ -111,13 +112,46 @@ def gpu_hold(torch) -> GpuHold:
     return _holds[device]
 
 
+REST_LIMIT_S = 1.0  # the longest rest before a timed series
+REST_RECOVERED = 0.97  # of the highest SM clock read under load in this process
+REST_WITHOUT_NVML_S = 0.1
+REST_PROBE_MS = 5.0
+
+
+def rest_until_clock_recovers(torch) -> None:
+    """Rests the GPU before a timed series until its SM clock is back up. A heavy kernel (cuDNN's
+    forward at D = 256, say) pulls an H100 to its power limit, and the clock stays down for a few
+    hundred milliseconds after it (1980 MHz rested, 1260-1515 right after 0.9 s of cuDNN, 1740-1860
+    after 0.1 s, 1965 after 0.3 s): a backend timed at once ran 8-25 % slower than rested, so
+    whoever came after cuDNN in a row's order paid for cuDNN's power. The rest keeps the GPU busy with
+    the hold's light spin kernel while NVML (torch.cuda.clock_rate) reads the clock under load, until
+    it is within 3 % of the highest reading seen in this process, for at most a second. Without NVML
+    (no pynvml) it is a fixed rest of 0.1 s."""
+    hold = gpu_hold(torch)
+    deadline = time.perf_counter() + REST_LIMIT_S
+    while True:
+        hold(REST_PROBE_MS)
+        try:
+            mhz = torch.cuda.clock_rate()
+        except Exception:  # NVML missing or not answering
+            torch.cuda.synchronize()
+            time.sleep(REST_WITHOUT_NVML_S)
+            return
+        hold.best_mhz = max(hold.best_mhz, mhz)
+        torch.cuda.synchronize()
+        if mhz >= REST_RECOVERED * hold.best_mhz or time.perf_counter() > deadline:
+            return
+
+
 def event_times_ms(torch, call: Callable[[], object], warmup: int, reps: int,
                    before_each: Callable[[], object] = None) -> List[float]:
-    """Runs `call` warmup times untimed, then reps times each between two CUDA events on the current
-    stream: the list of milliseconds. `before_each` (e.g. an L2 flush) runs before every timed call,
-    outside the events. A GpuHold before each start event keeps the host's submission time out of
-    the events: three times the slowest submission seen so far (host clock), 0.1 to 2 ms."""
+    """Rests the GPU until its clock is up (rest_until_clock_recovers), runs `call` warmup times
+    untimed, then reps times each between two CUDA events on the current stream: the list of
+    milliseconds. `before_each` (e.g. an L2 flush) runs before every timed call, outside the events.
+    A GpuHold before each start event keeps the host's submission time out of the events: three
+    times the slowest submission seen so far (host clock), 0.1 to 2 ms."""
     hold = gpu_hold(torch)
+    rest_until_clock_recovers(torch)
     submit_ms = 0.0
     for _ in range(warmup):
         started = time.perf_counter()
