@@ -130,31 +130,23 @@ print(",".join(sorted({s.id[:2] for s in capi.Library(sys.argv[1]).stages() if s
     "$build/lib/libfa_capi.so" "$1" 2>>"$out/logs/stages.log"
 }
 
-# The stages whose idea is the backward pass (fa_stage_features "backward" in the built library:
-# 11_backward), by number, comma-separated, asked once. Their rows are of the backward (--pass bwd);
-# their forward pass is an earlier stage's kernel (stage 08's), measured under that stage's name.
-backward_numbers=""
-backward_numbers_known=0
-backward_stages() {
-  if [ $backward_numbers_known -eq 0 ]; then
-    backward_numbers=$(capi_stage_numbers 's.supports("backward")')
-    backward_numbers_known=1
-  fi
-  echo "$backward_numbers"
-}
-is_backward_stage() { backward_stages >/dev/null; [[ ",$backward_numbers," == *",${1:0:2},"* ]]; }
+# capi_stage_numbers "$2", asked of the library once: the first call sets the variable named $1.
+cache_stage_numbers() { [ -n "${!1+set}" ] || printf -v "$1" '%s' "$(capi_stage_numbers "$2")"; }
+# Whether stage $1 (its first two characters, the number) is one of the comma-separated numbers $2.
+number_in() { [[ ",$2," == *",${1:0:2},"* ]]; }
 
-# The stages whose kernels take head dims up to 256 (fa_stage_max_dim), by number, comma-separated,
-# asked once: the sanitizer runs them at D = 256 too, where their widest tiles are.
-wide_numbers=""
-wide_numbers_known=0
-is_wide_stage() {
-  if [ $wide_numbers_known -eq 0 ]; then
-    wide_numbers=$(capi_stage_numbers 's.max_dim >= 256')
-    wide_numbers_known=1
-  fi
-  [[ ",$wide_numbers," == *",${1:0:2},"* ]]
-}
+# The stages whose idea is the backward pass (fa_stage_features "backward" in the built library:
+# 11_backward), in $backward_numbers once backward_stages has run. Their rows are of the backward
+# (--pass bwd); their forward pass is an earlier stage's kernel (stage 08's), measured under that
+# stage's name.
+backward_stages() { cache_stage_numbers backward_numbers 's.supports("backward")'; }
+# shellcheck disable=SC2154  # cache_stage_numbers sets it (printf -v)
+is_backward_stage() { backward_stages && number_in "$1" "$backward_numbers"; }
+
+# The stages whose kernels take head dims up to 256 (fa_stage_max_dim): the sanitizer runs them at
+# D = 256 too, where their widest tiles are.
+# shellcheck disable=SC2154  # cache_stage_numbers sets it (printf -v)
+is_wide_stage() { cache_stage_numbers wide_numbers 's.max_dim >= 256' && number_in "$1" "$wide_numbers"; }
 
 # The decoding stages (fa_course.selection.DECODE_STAGES: 12_split_kv), by number, comma-separated.
 # They run their own kernel only for a few query rows against many keys and hand a square problem
@@ -162,7 +154,7 @@ is_wide_stage() {
 # left out of the square sweeps, the memory sweep and the forward traffic model.
 decode_numbers=$(python3 -c 'from fa_course.selection import DECODE_STAGES
 print(",".join(sorted(s[:2] for s in DECODE_STAGES)))')
-is_decode_stage() { [[ ",$decode_numbers," == *",${1:0:2},"* ]]; }
+is_decode_stage() { number_in "$1" "$decode_numbers"; }
 
 # One stage at one shape, appended to a CSV; a big problem gets fewer repetitions. Arguments after
 # the shape (--causal) go to the stage. A backward stage is checked on one (batch, K/V head) group
@@ -258,7 +250,7 @@ phase_torch() {
   : >"$out/logs/torch.log"
   # The backward stages' forward pass is an earlier stage's kernel, so the forward calls leave them
   # out and the backward calls at the end measure them.
-  backward_stages >/dev/null
+  backward_stages
   # Those of FA_STAGES, by number.
   only_stages() { gpu_stages | cut -c1-2 | awk -v keep=",$1," 'index(keep, "," $1 ",") > 0' | paste -sd, -; }
   local backward decode
