@@ -137,7 +137,7 @@ struct Tiling {
   static constexpr int kScoreTileElements = kKeys * kScoreStride;
   static constexpr int kQueryTileElements = kQueries * kRowStride;
   // Shared memory, in elements of the 16-bit type: K, V, P^T, dS^T, then per ring slot Q and dO,
-  // then per ring slot the FP32 LSE (log2 units) and D of the slot's rows.
+  // then per ring slot the FP32 LSE and D of the slot's rows.
   static constexpr int kProbOffset = 2 * kKvTileElements;
   static constexpr int kGradScoreOffset = kProbOffset + kScoreTileElements;
   static constexpr int kRingOffset = kGradScoreOffset + kScoreTileElements;
@@ -145,6 +145,7 @@ struct Tiling {
   static constexpr int kSharedBytes = kRowDataOffset * 2 + kStages * 2 * kQueries * 4;
 
   static_assert(kDim % kMmaDepth == 0 && kQueries % kMmaDepth == 0, "whole 16-wide mma steps");
+  static_assert(2 * kQueries <= kThreads, "one thread for each row's LSE and each row's D");
   static_assert(kKeys % kWarpKeys == 0 && kWarps % kKeyStrips == 0, "whole key strips");
   static_assert(kWarpQueries % (2 * kMmaCols) == 0 && kWarpGradDims % (2 * kMmaCols) == 0, "whole pairs of tiles");
   static_assert(kDqDims % (2 * kMmaCols) == 0, "dQ splits evenly among the warps");
@@ -156,13 +157,21 @@ struct Tiling {
 // `valid_rows` and past `dim` (up to the bucket's kDim): with cp.async when every row is made of
 // whole 16-byte chunks on 16-byte boundaries (kAsync), else with plain loads and stores.
 template <bool kAsync, typename Element, int kDim, int kRows, int kThreadCount>
-__device__ void copy_tile(Element* tile, const Element* source, int valid_rows, int dim) {
+__device__ __forceinline__ void copy_tile(Element* tile, const Element* source, int valid_rows, int dim) {
   constexpr int kStride = kDim + kChunkElements;
   if constexpr (kAsync) {
+    // A thread copies the same 16-byte column of every kRowsPerPass-th row. The pass count is
+    // known at compile time, so the loop unrolls into its cp.async and a few additions: a loop
+    // over chunk indices (index / chunks per row, index % ...) cost ~25 instructions a chunk,
+    // issued by every warp between a step's barrier and its first product.
     constexpr int kChunksPerRow = kDim / kChunkElements;
-    for (int index = threadIdx.x; index < kRows * kChunksPerRow; index += kThreadCount) {
-      const int row = index / kChunksPerRow;
-      const int column = index % kChunksPerRow * kChunkElements;
+    constexpr int kRowsPerPass = kThreadCount / kChunksPerRow;
+    static_assert(kThreadCount % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows in every pass");
+    const int column = static_cast<int>(threadIdx.x) % kChunksPerRow * kChunkElements;
+    const int first_row = static_cast<int>(threadIdx.x) / kChunksPerRow;
+#pragma unroll
+    for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+      const int row = first_row + pass * kRowsPerPass;
       const bool inside = row < valid_rows && column < dim;
       copy_async_16(tile + row * kStride + column, inside ? source + static_cast<int64_t>(row) * dim + column : source,
                     inside ? 16 : 0);
@@ -174,6 +183,20 @@ __device__ void copy_tile(Element* tile, const Element* source, int valid_rows, 
       tile[row * kStride + column] = row < valid_rows && column < dim ? source[static_cast<int64_t>(row) * dim + column]
                                                                       : to_element<Element>(0.0f);
     }
+  }
+}
+
+// One FP32 number of a row (its LSE or D) into shared memory, 0 where `inside` is false: by a
+// 4-byte cp.async that joins the step's group of copies (kAsync), else by a plain load.
+template <bool kAsync>
+__device__ __forceinline__ void copy_row_value(float* destination, const float* source, bool inside) {
+  if constexpr (kAsync) {
+    const auto shared_destination = static_cast<unsigned>(__cvta_generic_to_shared(destination));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_destination), "l"(source),
+                 "r"(inside ? 4 : 0)
+                 : "memory");
+  } else {
+    *destination = inside ? *source : 0.0f;
   }
 }
 
@@ -297,7 +320,7 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
   Element* const value_tile = tiles + T::kKvTileElements;
   Element* const prob_tile = tiles + T::kProbOffset;                            // P^T, [key][query]
   Element* const grad_score_tile = tiles + T::kGradScoreOffset;                 // dS^T, [key][query]
-  float* const row_data = reinterpret_cast<float*>(tiles + T::kRowDataOffset);  // per slot: LSE·log2 e, D
+  float* const row_data = reinterpret_cast<float*>(tiles + T::kRowDataOffset);  // per slot: LSE, D
 
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -322,33 +345,42 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
   const int query_tiles = (q_seq + T::kQueries - 1) / T::kQueries - first_query_tile;
   const int steps = group_size * query_tiles;  // (query head of the group, query tile) pairs
 
-  // Step s: query head first_query_head + s / query_tiles, rows from query_base_of(s).
-  const auto query_base_of = [&](int step) { return (first_query_tile + step % query_tiles) * T::kQueries; };
-  const auto query_row_of = [&](int step) {  // the step's first row among all B·Hq·Nq
-    return (first_query_head + step / query_tiles) * q_seq + query_base_of(step);
+  // Where a step's query rows are: query head first_query_head + s / query_tiles, query tile
+  // first_query_tile + s % query_tiles. Carried from step to step rather than divided out: a
+  // division by a runtime number is ~30 instructions, on the path from a step's barrier to its
+  // first product.
+  struct StepRows {
+    int base;       // the step's first row within its query head
+    int64_t first;  // ... and among all B·Hq·Nq rows
   };
-  // Ring slot s % 2 receives Q, dO, the LSE (in log2 units) and D of step s. Rows past Nq get
-  // zeros, LSE = +inf (so P = 2^-inf = 0) and D = 0: they add nothing anywhere.
-  const auto issue_step = [&](int step) {
-    const int slot = step % T::kStages;
+  const int first_base = first_query_tile * T::kQueries;
+  const auto rows_after = [&](StepRows rows) {  // the head's next query tile, or the next head's first
+    return rows.base + T::kQueries < q_seq ? StepRows{rows.base + T::kQueries, rows.first + T::kQueries}
+                                           : StepRows{first_base, rows.first - rows.base + q_seq + first_base};
+  };
+  // A ring slot receives Q, dO, the LSE and D of a step, all by cp.async. Rows past Nq get zeros
+  // in all four: their S is 0 and P = 2^0 = 1, but dO = 0 and D = 0 make their dP and dS 0, so
+  // they add nothing to dV, dK or dQ (and their dQ rows are never written).
+  const auto issue_step = [&](int slot, StepRows rows) {
     Element* query_slot = tiles + T::kRingOffset + slot * 2 * T::kQueryTileElements;
-    const int valid_rows = q_seq - query_base_of(step);
-    const int64_t first_row = query_row_of(step);
-    copy_tile<kAsync, Element, kDim, T::kQueries, T::kThreads>(query_slot, q + first_row * dim, valid_rows, dim);
+    const int valid_rows = q_seq - rows.base;
+    copy_tile<kAsync, Element, kDim, T::kQueries, T::kThreads>(query_slot, q + rows.first * dim, valid_rows, dim);
     copy_tile<kAsync, Element, kDim, T::kQueries, T::kThreads>(query_slot + T::kQueryTileElements,
-                                                               grad_out + first_row * dim, valid_rows, dim);
-    float* slot_rows = row_data + slot * 2 * T::kQueries;
-    for (int row = threadIdx.x; row < T::kQueries; row += T::kThreads) {
+                                                               grad_out + rows.first * dim, valid_rows, dim);
+    if (threadIdx.x < 2 * T::kQueries) {  // thread r < Br: the LSE of row r; thread Br + r: its D
+      const int row = static_cast<int>(threadIdx.x) % T::kQueries;
+      const float* values = static_cast<int>(threadIdx.x) < T::kQueries ? lse : row_delta;
       const bool inside = row < valid_rows;
-      slot_rows[row] = inside ? lse[first_row + row] * kLog2e : INFINITY;
-      slot_rows[T::kQueries + row] = inside ? row_delta[first_row + row] : 0.0f;
+      copy_row_value<kAsync>(row_data + slot * 2 * T::kQueries + threadIdx.x,
+                             inside ? values + rows.first + row : values, inside);
     }
   };
 
   // K and V of the block join the first group of copies, with step 0.
   copy_tile<kAsync, Element, kDim, T::kKeys, T::kThreads>(key_tile, k + kv_offset, valid_keys, dim);
   copy_tile<kAsync, Element, kDim, T::kKeys, T::kThreads>(value_tile, v + kv_offset, valid_keys, dim);
-  issue_step(0);  // every key sees at least the last query tile: steps >= 1
+  StepRows rows{first_base, first_query_head * q_seq + first_base};  // step 0's
+  issue_step(0, rows);  // every key sees at least the last query tile: steps >= 1
   commit_copies();
 
   // The warp's shares (FlashAttention-2's layouts; 8 warps, D = 128 shown):
@@ -381,14 +413,14 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
     // Every thread's copies are visible, and every warp is done with step - 1: its ring slot and
     // the P^T and dS^T tiles may be overwritten.
     __syncthreads();
-    if (step + 1 < steps) issue_step(step + 1);
+    if (step + 1 < steps) issue_step((step + 1) % T::kStages, rows_after(rows));
     commit_copies();
     const int slot = step % T::kStages;
     const Element* query_slot = tiles + T::kRingOffset + slot * 2 * T::kQueryTileElements;
     const Element* grad_out_slot = query_slot + T::kQueryTileElements;
     const float* slot_lse = row_data + slot * 2 * T::kQueries;
     const float* slot_delta = slot_lse + T::kQueries;
-    const int query_base = query_base_of(step);
+    const int query_base = rows.base;
 
     // S^T = K Q^T for the warp's 32 keys and kWarpQueries queries, over all the dims.
     float scores[kKeyTiles][kScoreTiles][4] = {};
@@ -412,7 +444,7 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
           const int key = key_base + warp_key + i * kMmaRows + group + 8 * (e / 2);
           const int query = warp_query + n * kMmaCols + 2 * quad + e % 2;
           const bool visible = !needs_mask || key < visible_key_end(query_base + query, q_seq, kv_seq, causal);
-          scores[i][n][e] = visible ? fast_exp2(fmaf(scores[i][n][e], scale_log2, -slot_lse[query])) : 0.0f;
+          scores[i][n][e] = visible ? fast_exp2(fmaf(scores[i][n][e], scale_log2, -slot_lse[query] * kLog2e)) : 0.0f;
         }
       }
     }
@@ -479,7 +511,7 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
         for (int half = 0; half < 2; ++half) {
           const int row = dq_query + i * kMmaRows + group + 8 * half;
           if (query_base + row >= q_seq) continue;
-          float* destination = grad_q_accumulator + (query_row_of(step) + row) * dim;
+          float* destination = grad_q_accumulator + (rows.first + row) * dim;
 #pragma unroll
           for (int n = 0; n < kDqTiles; ++n) {
             const int column = grad_dim_base + dq_dim + n * kMmaCols + 2 * quad;
@@ -489,6 +521,7 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
         }
       }
     }
+    rows = rows_after(rows);
   }
 
   // dK = scale · Σ dS^T Q and dV, once, for the warp's 32 keys: lane holds keys 16i + group and
