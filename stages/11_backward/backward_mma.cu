@@ -177,6 +177,7 @@ __device__ __forceinline__ void copy_tile(Element* tile, const Element* source, 
                     inside ? 16 : 0);
     }
   } else {
+#pragma unroll 1
     for (int index = threadIdx.x; index < kRows * kDim; index += kThreadCount) {
       const int row = index / kDim;
       const int column = index % kDim;
@@ -413,8 +414,6 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
     // Every thread's copies are visible, and every warp is done with step - 1: its ring slot and
     // the P^T and dS^T tiles may be overwritten.
     __syncthreads();
-    if (step + 1 < steps) issue_step((step + 1) % T::kStages, rows_after(rows));
-    commit_copies();
     const int slot = step % T::kStages;
     const Element* query_slot = tiles + T::kRingOffset + slot * 2 * T::kQueryTileElements;
     const Element* grad_out_slot = query_slot + T::kQueryTileElements;
@@ -422,71 +421,85 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
     const float* slot_delta = slot_lse + T::kQueries;
     const int query_base = rows.base;
 
-    // S^T = K Q^T for the warp's 32 keys and kWarpQueries queries, over all the dims.
-    float scores[kKeyTiles][kScoreTiles][4] = {};
-    warp_multiply<Element, kByRow, kByRow, kKeyTiles, kScoreTiles, kDim>(
-        scores, key_tile + warp_key * T::kRowStride, T::kRowStride, query_slot + warp_query * T::kRowStride,
-        T::kRowStride);
-
-    // EXERCISE BEGIN: P^T from the S^T accumulators and the LSE, masked
-    // P^T = 2^(s · scale · log2 e − LSE · log2 e): exact probabilities, no max and no sum to redo.
-    // Element e of tile (i, n) is key key_base + warp_key + 16i + group + 8·(e / 2) and query
-    // query_base + warp_query + 8n + 2·quad + e % 2. A key the row may not see (causal, or past
-    // Nk) weighs 0; rows past Nq have LSE = +inf, so 0 too.
+    // The first half of a step (S^T through the P^T and dS^T stores), compiled twice: without the
+    // mask, for the steps whose keys every row sees, and with it, for the key tiles on the causal
+    // diagonal or past Nk. One branch a step, instead of one in each tile of S^T, leaves the
+    // unmasked half one straight run of code, in which the compiler can schedule P^T's
+    // exponentials among dP^T's products.
     const bool needs_mask =
         key_base + T::kKeys > kv_seq || (causal && key_base + T::kKeys > causal_key_end(query_base, q_seq, kv_seq));
+    const auto first_half = [&](auto masked) {
+      // S^T = K Q^T for the warp's 32 keys and kWarpQueries queries, over all the dims.
+      float scores[kKeyTiles][kScoreTiles][4] = {};
+      warp_multiply<Element, kByRow, kByRow, kKeyTiles, kScoreTiles, kDim>(
+          scores, key_tile + warp_key * T::kRowStride, T::kRowStride, query_slot + warp_query * T::kRowStride,
+          T::kRowStride);
+
+      // EXERCISE BEGIN: P^T from the S^T accumulators and the LSE, masked
+      // P^T = 2^(s · scale · log2 e − LSE · log2 e): exact probabilities, no max and no sum to redo.
+      // Element e of tile (i, n) is key key_base + warp_key + 16i + group + 8·(e / 2) and query
+      // query_base + warp_query + 8n + 2·quad + e % 2. A key the row may not see (causal, or past
+      // Nk) weighs 0.
 #pragma unroll
-    for (int i = 0; i < kKeyTiles; ++i) {
+      for (int i = 0; i < kKeyTiles; ++i) {
 #pragma unroll
-      for (int n = 0; n < kScoreTiles; ++n) {
+        for (int n = 0; n < kScoreTiles; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = key_base + warp_key + i * kMmaRows + group + 8 * (e / 2);
-          const int query = warp_query + n * kMmaCols + 2 * quad + e % 2;
-          const bool visible = !needs_mask || key < visible_key_end(query_base + query, q_seq, kv_seq, causal);
-          scores[i][n][e] = visible ? fast_exp2(fmaf(scores[i][n][e], scale_log2, -slot_lse[query] * kLog2e)) : 0.0f;
+          for (int e = 0; e < 4; ++e) {
+            const int key = key_base + warp_key + i * kMmaRows + group + 8 * (e / 2);
+            const int query = warp_query + n * kMmaCols + 2 * quad + e % 2;
+            const bool visible = !masked || key < visible_key_limit(query_base + query, q_seq, kv_seq, causal);
+            scores[i][n][e] = visible ? fast_exp2(fmaf(scores[i][n][e], scale_log2, -slot_lse[query] * kLog2e)) : 0.0f;
+          }
         }
       }
-    }
-    // EXERCISE END
+      // EXERCISE END
 
-    // dP^T = V dO^T, like S^T.
-    float grad_probs[kKeyTiles][kScoreTiles][4] = {};
-    warp_multiply<Element, kByRow, kByRow, kKeyTiles, kScoreTiles, kDim>(
-        grad_probs, value_tile + warp_key * T::kRowStride, T::kRowStride, grad_out_slot + warp_query * T::kRowStride,
-        T::kRowStride);
+      // dP^T = V dO^T, like S^T.
+      float grad_probs[kKeyTiles][kScoreTiles][4] = {};
+      warp_multiply<Element, kByRow, kByRow, kKeyTiles, kScoreTiles, kDim>(
+          grad_probs, value_tile + warp_key * T::kRowStride, T::kRowStride, grad_out_slot + warp_query * T::kRowStride,
+          T::kRowStride);
 
-    // EXERCISE BEGIN: dS^T = P^T ∘ (dP^T − D), in place of dP^T
+      // EXERCISE BEGIN: dS^T = P^T ∘ (dP^T − D), in place of dP^T
 #pragma unroll
-    for (int i = 0; i < kKeyTiles; ++i) {
+      for (int i = 0; i < kKeyTiles; ++i) {
 #pragma unroll
-      for (int n = 0; n < kScoreTiles; ++n) {
+        for (int n = 0; n < kScoreTiles; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          grad_probs[i][n][e] =
-              scores[i][n][e] * (grad_probs[i][n][e] - slot_delta[warp_query + n * kMmaCols + 2 * quad + e % 2]);
+          for (int e = 0; e < 4; ++e) {
+            grad_probs[i][n][e] =
+                scores[i][n][e] * (grad_probs[i][n][e] - slot_delta[warp_query + n * kMmaCols + 2 * quad + e % 2]);
+          }
         }
       }
-    }
-    // EXERCISE END
+      // EXERCISE END
 
-    // P^T and dS^T to shared memory, rounded to 16-bit pairs: the products below read them by
-    // whole 32-key strips (dV, dK) and transposed (dQ).
+      // P^T and dS^T to shared memory, rounded to 16-bit pairs: the products below read them by
+      // whole 32-key strips (dV, dK) and transposed (dQ).
 #pragma unroll
-    for (int i = 0; i < kKeyTiles; ++i) {
+      for (int i = 0; i < kKeyTiles; ++i) {
 #pragma unroll
-      for (int n = 0; n < kScoreTiles; ++n) {
+        for (int n = 0; n < kScoreTiles; ++n) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int offset =
-              (warp_key + i * kMmaRows + group + 8 * half) * T::kScoreStride + warp_query + n * kMmaCols + 2 * quad;
-          *reinterpret_cast<unsigned*>(prob_tile + offset) =
-              pack_pair<Element>(scores[i][n][2 * half], scores[i][n][2 * half + 1]);
-          *reinterpret_cast<unsigned*>(grad_score_tile + offset) =
-              pack_pair<Element>(grad_probs[i][n][2 * half], grad_probs[i][n][2 * half + 1]);
+          for (int half = 0; half < 2; ++half) {
+            const int offset =
+                (warp_key + i * kMmaRows + group + 8 * half) * T::kScoreStride + warp_query + n * kMmaCols + 2 * quad;
+            *reinterpret_cast<unsigned*>(prob_tile + offset) =
+                pack_pair<Element>(scores[i][n][2 * half], scores[i][n][2 * half + 1]);
+            *reinterpret_cast<unsigned*>(grad_score_tile + offset) =
+                pack_pair<Element>(grad_probs[i][n][2 * half], grad_probs[i][n][2 * half + 1]);
+          }
         }
       }
+    };
+    if (needs_mask) {
+      first_half(std::true_type{});
+    } else {
+      first_half(std::false_type{});
     }
+    if (step + 1 < steps) issue_step((step + 1) % T::kStages, rows_after(rows));
+    commit_copies();
     __syncthreads();  // P^T and dS^T are whole
 
     // dV += P^T dO and dK += dS^T Q for the warp's 32 keys and kWarpGradDims dims, over the step's
