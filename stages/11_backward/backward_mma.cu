@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
           for (int e = 0; e < 4; ++e) {
             const int key = key_base + warp_key + i * kMmaRows + group + 8 * (e / 2);
             const int query = warp_query + n * kMmaCols + 2 * quad + e % 2;
-            const bool visible = !masked || key < visible_key_limit(query_base + query, q_seq, kv_seq, causal);
+            const bool visible = !masked || key < visible_key_end(query_base + query, q_seq, kv_seq, causal);
             scores[i][n][e] = visible ? fast_exp2(fmaf(scores[i][n][e], scale_log2, -slot_lse[query] * kLog2e)) : 0.0f;
           }
         }
@@ -518,18 +518,20 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
       warp_multiply<Element, kByDepth, kByDepth, kDqRowTiles, kDqTiles, T::kKeys>(
           query_grad, grad_score_tile + dq_query, T::kScoreStride, key_tile + grad_dim_base + dq_dim, T::kRowStride);
       // Other key tiles add to the same rows: FP32 atomic adds, unscaled (the last kernel scales).
+      // The lane's first element; its others lie 16i + 8·half rows and 8n columns on.
+      const int lane_column = grad_dim_base + dq_dim + 2 * quad;
+      float* const lane_grad_q = grad_q_accumulator + (rows.first + dq_query + group) * dim + lane_column;
 #pragma unroll
       for (int i = 0; i < kDqRowTiles; ++i) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = dq_query + i * kMmaRows + group + 8 * half;
-          if (query_base + row >= q_seq) continue;
-          float* destination = grad_q_accumulator + (rows.first + row) * dim;
+          const int valid_dims = query_base + row < q_seq ? dim - lane_column : 0;  // rows past Nq add nothing
+          float* const destination = lane_grad_q + (i * kMmaRows + 8 * half) * dim;
 #pragma unroll
           for (int n = 0; n < kDqTiles; ++n) {
-            const int column = grad_dim_base + dq_dim + n * kMmaCols + 2 * quad;
-            add_pair<kAsync>(destination + column, query_grad[i][n][2 * half], query_grad[i][n][2 * half + 1],
-                             dim - column);
+            add_pair<kAsync>(destination + n * kMmaCols, query_grad[i][n][2 * half], query_grad[i][n][2 * half + 1],
+                             valid_dims - n * kMmaCols);
           }
         }
       }
