@@ -163,7 +163,7 @@ __device__ __forceinline__ void copy_tile(Element* tile, const Element* source, 
     // A thread copies the same 16-byte column of every kRowsPerPass-th row. The pass count is
     // known at compile time, so the loop unrolls into its cp.async and a few additions: a loop
     // over chunk indices (index / chunks per row, index % ...) cost ~25 instructions a chunk,
-    // issued by every warp between a step's barrier and its first product.
+    // issued by every warp in every step.
     constexpr int kChunksPerRow = kDim / kChunkElements;
     constexpr int kRowsPerPass = kThreadCount / kChunksPerRow;
     static_assert(kThreadCount % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows in every pass");
@@ -177,6 +177,8 @@ __device__ __forceinline__ void copy_tile(Element* tile, const Element* source, 
                     inside ? 16 : 0);
     }
   } else {
+    // The fallback, one element at a time and not unrolled: unrolled, it cost the kernels that
+    // use it a register spill.
 #pragma unroll 1
     for (int index = threadIdx.x; index < kRows * kDim; index += kThreadCount) {
       const int row = index / kDim;
@@ -498,6 +500,9 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
     } else {
       first_half(std::false_type{});
     }
+    // Step + 1's copies, into the slot step − 1 used (free since the barrier at the top): issued
+    // here, where the warps are about to wait anyway, not at the top, where they would queue in
+    // front of S^T's shared-memory loads and hold their address registers there.
     if (step + 1 < steps) issue_step((step + 1) % T::kStages, rows_after(rows));
     commit_copies();
     __syncthreads();  // P^T and dS^T are whole
