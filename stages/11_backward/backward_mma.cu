@@ -30,10 +30,11 @@
 // below: query tiles own dQ and re-walk the keys), the same bits every run, at a price the README
 // measures. Before the main kernel, a preprocessing kernel computes D_i = rowsum(dO ∘ O).
 //
-// Shared tiles are stored with rows padded by 16 bytes instead of stage 08's swizzle: a row of
-// 144 or 272 bytes moves the 8 row addresses of an ldmatrix onto 8 different 16-byte bank groups,
-// which is all the swizzle bought, and every operand pattern below stays plain row·stride +
-// column arithmetic (the price: 16 bytes of shared memory per row).
+// The Q, dO, K and V tiles are stored swizzled, as stage 08 stores them: rows stay whole 128-byte
+// lines of shared memory, which the cp.async copies fill in the fewest writes. (Rows padded by 16
+// bytes, as P^T and dS^T still are, avoid ldmatrix's bank conflicts too, but a padded row
+// straddles two lines: the copies cost twice the shared-memory wavefronts and 1.6 times the L2
+// sectors. The README measures it.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -95,7 +96,7 @@ constexpr unsigned kFullWarp = 0xffffffffu;
 // Everything that sizes the kernel of one head-dim bucket. Eight warps (128 keys; 64 query rows a
 // step, 128 at D = 64) where shared memory allows: each Q and dO tile brought in serves twice the
 // keys, and a step twice the queries. Four warps (64 keys; 32 rows, 64 at D = 64) where it does
-// not: GPUs with less than 173 KB a block (D = 128) or 178 KB (D = 64), an A100's 163 KB
+// not: GPUs with less than 165 KB a block (D = 128) or 166 KB (D = 64), an A100's 163 KB
 // included, and D = 256.
 //
 // The warps tile each product the way FlashAttention-2 does (the layouts below), so that an
@@ -131,7 +132,7 @@ struct Tiling {
   static constexpr int kDqQueryStrips = kQueries / kDqWarpQueries;
   static constexpr int kDqDims = kGradDims * kDqQueryStrips / kWarps;
 
-  static constexpr int kRowStride = kDim + kChunkElements;        // padded row, in elements
+  static constexpr int kRowStride = kDim;                         // a swizzled row, in elements
   static constexpr int kScoreStride = kQueries + kChunkElements;  // P^T and dS^T rows (one key), in elements
   static constexpr int kKvTileElements = kKeys * kRowStride;
   static constexpr int kScoreTileElements = kKeys * kScoreStride;
@@ -153,12 +154,19 @@ struct Tiling {
   static_assert(kDim % kGradDims == 0, "the dim parts cover the bucket");
 };
 
-// Copies rows [0, kRows) of a (rows × dim) matrix into a padded shared tile, zeros past
+// The Q, dO, K and V tiles are stored swizzled, as in stage 08: chunk c of row r at chunk
+// c ^ (r % 8) of that row (every bucket's row is a multiple of 8 chunks). The element index of
+// (row, column) in a tile of kDim-wide rows:
+template <int kDim>
+__device__ __forceinline__ int swizzled_index(int row, int column) {
+  return row * kDim + (column / kChunkElements ^ row % 8) * kChunkElements + column % kChunkElements;
+}
+
+// Copies rows [0, kRows) of a (rows × dim) matrix into a swizzled shared tile of kDim-wide rows, zeros past
 // `valid_rows` and past `dim` (up to the bucket's kDim): with cp.async when every row is made of
 // whole 16-byte chunks on 16-byte boundaries (kAsync), else with plain loads and stores.
 template <bool kAsync, typename Element, int kDim, int kRows, int kThreadCount>
 __device__ __forceinline__ void copy_tile(Element* tile, const Element* source, int valid_rows, int dim) {
-  constexpr int kStride = kDim + kChunkElements;
   if constexpr (kAsync) {
     // A thread copies the same 16-byte column of every kRowsPerPass-th row. The pass count is
     // known at compile time, so the loop unrolls into its cp.async and a few additions: a loop
@@ -173,8 +181,8 @@ __device__ __forceinline__ void copy_tile(Element* tile, const Element* source, 
     for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
       const int row = first_row + pass * kRowsPerPass;
       const bool inside = row < valid_rows && column < dim;
-      copy_async_16(tile + row * kStride + column, inside ? source + static_cast<int64_t>(row) * dim + column : source,
-                    inside ? 16 : 0);
+      copy_async_16(tile + swizzled_index<kDim>(row, column),
+                    inside ? source + static_cast<int64_t>(row) * dim + column : source, inside ? 16 : 0);
     }
   } else {
     // The fallback, one element at a time and not unrolled: unrolled, it cost the kernels that
@@ -183,8 +191,9 @@ __device__ __forceinline__ void copy_tile(Element* tile, const Element* source, 
     for (int index = threadIdx.x; index < kRows * kDim; index += kThreadCount) {
       const int row = index / kDim;
       const int column = index % kDim;
-      tile[row * kStride + column] = row < valid_rows && column < dim ? source[static_cast<int64_t>(row) * dim + column]
-                                                                      : to_element<Element>(0.0f);
+      tile[swizzled_index<kDim>(row, column)] = row < valid_rows && column < dim
+                                                    ? source[static_cast<int64_t>(row) * dim + column]
+                                                    : to_element<Element>(0.0f);
     }
   }
 }
@@ -203,54 +212,129 @@ __device__ __forceinline__ void copy_row_value(float* destination, const float* 
   }
 }
 
-// How an operand of warp_multiply lies in shared memory: by_row, row r of the operand is a row of
+// Where an operand of warp_multiply lies in shared memory. lane_address(row, chunk): the shared
+// address of the lane's element in the operand's first 16 × 16 block (row < 16, chunk 0 or 1);
+// offset(address, rows, columns): the same `rows` rows down (a multiple of 16) and `columns`
+// columns right (a multiple of 16). A block of a swizzled tile, from row first_row (a multiple of
+// 8, so that row % 8 is the lane's own) and column first_column (a multiple of the operand's
+// width, at most 64 and a power of two, or of 64): within a group of 8 chunks a column offset
+// flips chunk bits the lane's own chunk leaves clear (an XOR; stage 08 does the same), and whole
+// groups and rows add constants, which ldmatrix takes as immediates.
+template <typename Element, int kDim>
+struct SwizzledOperand {
+  const Element* tile;
+  int first_row;
+  int first_column;
+  __device__ __forceinline__ unsigned lane_address(int row, int chunk) const {
+    const int index = (first_row + row) * kDim + ((first_column / kChunkElements + chunk) ^ row % 8) * kChunkElements;
+    return static_cast<unsigned>(__cvta_generic_to_shared(tile + index));
+  }
+  __device__ __forceinline__ static unsigned offset(unsigned address, int rows, int columns) {
+    constexpr int kChunkBytes = 16;
+    constexpr int kGroupChunks = 8;
+    const int chunks = columns / kChunkElements;
+    return (address ^ chunks % kGroupChunks * kChunkBytes) + chunks / kGroupChunks * kGroupChunks * kChunkBytes +
+           rows * kDim * static_cast<int>(sizeof(Element));
+  }
+};
+// ... or of a padded tile (P^T and dS^T, rows of kStride elements), from element `origin`.
+template <typename Element, int kStride>
+struct PaddedOperand {
+  const Element* origin;
+  __device__ __forceinline__ unsigned lane_address(int row, int chunk) const {
+    return static_cast<unsigned>(__cvta_generic_to_shared(origin + row * kStride + chunk * kChunkElements));
+  }
+  __device__ __forceinline__ static unsigned offset(unsigned address, int rows, int columns) {
+    return address + (rows * kStride + columns) * static_cast<int>(sizeof(Element));
+  }
+};
+
+// How an operand of warp_multiply is stored: by_row, row r of the operand is a row of
 // the tile (A as Q in Q·Kᵀ; B given as Bᵀ, as K there); by_depth, the tile holds the operand's
 // transpose, one row per step of the depth (A as dS read from dS^T; B as V in P·V).
 enum class Stored { by_row, by_depth };
 
 // acc += A·B for one warp: A is kRowTiles·16 rows × kDepth, B kDepth × kColTiles·8 columns, acc the
-// kRowTiles × kColTiles FP32 accumulator tiles of mma.m16n8k16. `a` and `b` point at the operands'
-// element (0, 0) in padded shared tiles of row strides a_stride and b_stride. Per 16-deep step
-// each A fragment is loaded once and serves every column tile, each pair of B tiles once and
-// serves every row tile: the larger the warp's share, the fewer bytes read per product. Lane
-// patterns (stage 08's README, "ldmatrix"): "A rows", lane l reads row l % 16, 8-column chunk
-// l / 16; "B rows", row (l / 16)·8 + l % 8, chunk (l / 8) % 2. A by_row and B by_depth use "A
-// rows", the others "B rows"; by_depth operands are transposed on load.
-template <typename Element, Stored kA, Stored kB, int kRowTiles, int kColTiles, int kDepth>
-__device__ __forceinline__ void warp_multiply(float (&acc)[kRowTiles][kColTiles][4], const Element* a, int a_stride,
-                                              const Element* b, int b_stride) {
+// kRowTiles × kColTiles FP32 accumulator tiles of mma.m16n8k16; `a` and `b` say where the operands
+// lie (above). Per 16-deep step each A fragment is loaded once and serves every column tile, each pair of B tiles once
+// and serves every row tile: the larger the warp's share, the fewer bytes read per product. Lane patterns (stage 08's
+// README, "ldmatrix"): "A rows", lane l reads row l % 16, 8-column chunk l / 16; "B rows", row (l / 16)·8 + l % 8,
+// chunk (l / 8) % 2. A by_row and B by_depth use "A rows", the others "B rows"; by_depth operands are transposed on
+// load.
+template <typename Element, Stored kA, Stored kB, int kRowTiles, int kColTiles, int kDepth, typename OperandA,
+          typename OperandB>
+__device__ __forceinline__ void warp_multiply(float (&acc)[kRowTiles][kColTiles][4], const OperandA& a,
+                                              const OperandB& b) {
   static_assert(kColTiles % 2 == 0 && kDepth % kMmaDepth == 0, "whole pairs of tiles, whole 16-deep steps");
   const int lane = threadIdx.x % kWarpSize;
   const int a_row = lane % 16;
-  const int a_chunk = lane / 16 * kChunkElements;
+  const int a_chunk = lane / 16;
   const int b_row = lane / 16 * 8 + lane % 8;
-  const int b_chunk = lane / 8 % 2 * kChunkElements;
-  const auto address = [](const Element* tile, int row, int column, int stride) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(tile + row * stride + column));
-  };
-#pragma unroll
-  for (int depth = 0; depth < kDepth; depth += kMmaDepth) {
-    unsigned a_fragments[kRowTiles][4];
+  const int b_chunk = lane / 8 % 2;
+  const unsigned a_lane = kA == Stored::by_row ? a.lane_address(a_row, a_chunk) : a.lane_address(b_row, b_chunk);
+  const unsigned b_lane = kB == Stored::by_row ? b.lane_address(b_row, b_chunk) : b.lane_address(a_row, a_chunk);
+  const auto load_a = [&](unsigned(&fragments)[kRowTiles][4], int depth) {
 #pragma unroll
     for (int i = 0; i < kRowTiles; ++i) {
       if constexpr (kA == Stored::by_row) {
-        load_matrices(a_fragments[i], address(a, i * kMmaRows + a_row, depth + a_chunk, a_stride));
+        load_matrices(fragments[i], OperandA::offset(a_lane, i * kMmaRows, depth));
       } else {
-        load_matrices_transposed(a_fragments[i], address(a, depth + b_row, i * kMmaRows + b_chunk, a_stride));
+        load_matrices_transposed(fragments[i], OperandA::offset(a_lane, depth, i * kMmaRows));
       }
     }
+  };
+  const auto load_b = [&](unsigned(&fragments)[4], int pair, int depth) {
+    if constexpr (kB == Stored::by_row) {
+      load_matrices(fragments, OperandB::offset(b_lane, pair * 2 * kMmaCols, depth));
+    } else {
+      load_matrices_transposed(fragments, OperandB::offset(b_lane, depth, pair * 2 * kMmaCols));
+    }
+  };
+  const auto multiply_pair = [&](const unsigned(&a_fragments)[kRowTiles][4], const unsigned(&b_fragments)[4],
+                                 int pair) {
 #pragma unroll
-    for (int pair = 0; pair < kColTiles / 2; ++pair) {
-      unsigned b_fragments[4];
-      if constexpr (kB == Stored::by_row) {
-        load_matrices(b_fragments, address(b, pair * 2 * kMmaCols + b_row, depth + b_chunk, b_stride));
-      } else {
-        load_matrices_transposed(b_fragments, address(b, depth + a_row, pair * 2 * kMmaCols + a_chunk, b_stride));
+    for (int i = 0; i < kRowTiles; ++i) {
+      mma_16x8x16<Element>(acc[i][2 * pair], a_fragments[i], b_fragments[0], b_fragments[1]);
+      mma_16x8x16<Element>(acc[i][2 * pair + 1], a_fragments[i], b_fragments[2], b_fragments[3]);
+    }
+  };
+  // Pipelined, step d + 1's fragments are loaded before step d's products, so that the loads are
+  // in flight while the tensor cores work: where a step's fragments take at most 16 registers, and
+  // on sm_90, whose register allocation has room for the second set (sm_80's spills at D = 128).
+#if __CUDA_ARCH__ >= 900
+  constexpr bool kPipelined = kRowTiles * 4 + kColTiles * 2 <= 16;
+#else
+  constexpr bool kPipelined = false;
+#endif
+  constexpr int kSteps = kDepth / kMmaDepth;
+  if constexpr (kPipelined) {
+    unsigned a_fragments[2][kRowTiles][4];
+    unsigned b_fragments[2][kColTiles / 2][4];
+    load_a(a_fragments[0], 0);
+#pragma unroll
+    for (int pair = 0; pair < kColTiles / 2; ++pair) load_b(b_fragments[0][pair], pair, 0);
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      const int next = (step + 1) % 2;
+      if (step + 1 < kSteps) {
+        load_a(a_fragments[next], (step + 1) * kMmaDepth);
+#pragma unroll
+        for (int pair = 0; pair < kColTiles / 2; ++pair) load_b(b_fragments[next][pair], pair, (step + 1) * kMmaDepth);
       }
 #pragma unroll
-      for (int i = 0; i < kRowTiles; ++i) {
-        mma_16x8x16<Element>(acc[i][2 * pair], a_fragments[i], b_fragments[0], b_fragments[1]);
-        mma_16x8x16<Element>(acc[i][2 * pair + 1], a_fragments[i], b_fragments[2], b_fragments[3]);
+      for (int pair = 0; pair < kColTiles / 2; ++pair)
+        multiply_pair(a_fragments[step % 2], b_fragments[step % 2][pair], pair);
+    }
+  } else {
+#pragma unroll
+    for (int step = 0; step < kSteps; ++step) {
+      unsigned a_fragments[kRowTiles][4];
+      load_a(a_fragments, step * kMmaDepth);
+#pragma unroll
+      for (int pair = 0; pair < kColTiles / 2; ++pair) {
+        unsigned b_fragments[4];
+        load_b(b_fragments, pair, step * kMmaDepth);
+        multiply_pair(a_fragments, b_fragments, pair);
       }
     }
   }
@@ -316,6 +400,8 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
   constexpr int kDqTiles = T::kDqDims / kMmaCols;            // 8-dim column tiles of its dQ
   constexpr Stored kByRow = Stored::by_row;
   constexpr Stored kByDepth = Stored::by_depth;
+  using Swizzled = SwizzledOperand<Element, kDim>;
+  using Scores = PaddedOperand<Element, T::kScoreStride>;
 
   extern __shared__ __align__(128) unsigned char shared[];
   Element* const tiles = reinterpret_cast<Element*>(shared);
@@ -433,9 +519,8 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
     const auto first_half = [&](auto masked) {
       // S^T = K Q^T for the warp's 32 keys and kWarpQueries queries, over all the dims.
       float scores[kKeyTiles][kScoreTiles][4] = {};
-      warp_multiply<Element, kByRow, kByRow, kKeyTiles, kScoreTiles, kDim>(
-          scores, key_tile + warp_key * T::kRowStride, T::kRowStride, query_slot + warp_query * T::kRowStride,
-          T::kRowStride);
+      warp_multiply<Element, kByRow, kByRow, kKeyTiles, kScoreTiles, kDim>(scores, Swizzled{key_tile, warp_key, 0},
+                                                                           Swizzled{query_slot, warp_query, 0});
 
       // EXERCISE BEGIN: P^T from the S^T accumulators and the LSE, masked
       // P^T = 2^(s · scale · log2 e − LSE · log2 e): exact probabilities, no max and no sum to redo.
@@ -460,8 +545,7 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
       // dP^T = V dO^T, like S^T.
       float grad_probs[kKeyTiles][kScoreTiles][4] = {};
       warp_multiply<Element, kByRow, kByRow, kKeyTiles, kScoreTiles, kDim>(
-          grad_probs, value_tile + warp_key * T::kRowStride, T::kRowStride, grad_out_slot + warp_query * T::kRowStride,
-          T::kRowStride);
+          grad_probs, Swizzled{value_tile, warp_key, 0}, Swizzled{grad_out_slot, warp_query, 0});
 
       // EXERCISE BEGIN: dS^T = P^T ∘ (dP^T − D), in place of dP^T
 #pragma unroll
@@ -510,35 +594,44 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
     // dV += P^T dO and dK += dS^T Q for the warp's 32 keys and kWarpGradDims dims, over the step's
     // queries: P^T and dS^T by row, dO and Q by depth (their rows are queries).
     warp_multiply<Element, kByRow, kByDepth, kKeyTiles, kGradTiles, T::kQueries>(
-        value_grad, prob_tile + warp_key * T::kScoreStride, T::kScoreStride,
-        grad_out_slot + grad_dim_base + warp_grad_dim, T::kRowStride);
+        value_grad, Scores{prob_tile + warp_key * T::kScoreStride},
+        Swizzled{grad_out_slot, 0, grad_dim_base + warp_grad_dim});
     warp_multiply<Element, kByRow, kByDepth, kKeyTiles, kGradTiles, T::kQueries>(
-        key_grad, grad_score_tile + warp_key * T::kScoreStride, T::kScoreStride,
-        query_slot + grad_dim_base + warp_grad_dim, T::kRowStride);
+        key_grad, Scores{grad_score_tile + warp_key * T::kScoreStride},
+        Swizzled{query_slot, 0, grad_dim_base + warp_grad_dim});
 
     // dQ += dS K for the warp's kDqWarpQueries queries and kDqDims dims, over the tile's keys: dS
     // read from dS^T transposed (by depth), K by depth (its rows are keys).
     if constexpr (kAtomicGradQuery) {
       float query_grad[kDqRowTiles][kDqTiles][4] = {};
       warp_multiply<Element, kByDepth, kByDepth, kDqRowTiles, kDqTiles, T::kKeys>(
-          query_grad, grad_score_tile + dq_query, T::kScoreStride, key_tile + grad_dim_base + dq_dim, T::kRowStride);
+          query_grad, Scores{grad_score_tile + dq_query}, Swizzled{key_tile, 0, grad_dim_base + dq_dim});
       // Other key tiles add to the same rows: FP32 atomic adds, unscaled (the last kernel scales).
-      // The lane's first element; its others lie 16i + 8·half rows and 8n columns on.
+      // The lane's first element; its others lie 16i + 8·half rows and 8n columns on. Compiled
+      // twice, like the first half: a step of whole rows and all the bucket's dims adds without
+      // a bounds test, in one straight run of atomics.
       const int lane_column = grad_dim_base + dq_dim + 2 * quad;
       float* const lane_grad_q = grad_q_accumulator + (rows.first + dq_query + group) * dim + lane_column;
+      const auto add_grad_query = [&](auto checked) {
 #pragma unroll
-      for (int i = 0; i < kDqRowTiles; ++i) {
+        for (int i = 0; i < kDqRowTiles; ++i) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = dq_query + i * kMmaRows + group + 8 * half;
-          const int valid_dims = query_base + row < q_seq ? dim - lane_column : 0;  // rows past Nq add nothing
-          float* const destination = lane_grad_q + (i * kMmaRows + 8 * half) * dim;
+          for (int half = 0; half < 2; ++half) {
+            const int row = dq_query + i * kMmaRows + group + 8 * half;
+            const int valid_dims = query_base + row < q_seq ? dim - lane_column : 0;  // rows past Nq add nothing
+            float* const destination = lane_grad_q + (i * kMmaRows + 8 * half) * dim;
 #pragma unroll
-          for (int n = 0; n < kDqTiles; ++n) {
-            add_pair<kAsync>(destination + n * kMmaCols, query_grad[i][n][2 * half], query_grad[i][n][2 * half + 1],
-                             valid_dims - n * kMmaCols);
+            for (int n = 0; n < kDqTiles; ++n) {
+              add_pair<kAsync>(destination + n * kMmaCols, query_grad[i][n][2 * half], query_grad[i][n][2 * half + 1],
+                               checked ? valid_dims - n * kMmaCols : 2);
+            }
           }
         }
+      };
+      if (query_base + T::kQueries <= q_seq && dim == kDim) {
+        add_grad_query(std::false_type{});
+      } else {
+        add_grad_query(std::true_type{});
       }
     }
     rows = rows_after(rows);
@@ -603,7 +696,7 @@ struct GradQueryTiling {
   // The dims of dQ a block owns, as in the main kernel: at D = 256 two blocks per query tile.
   static constexpr int kGradDims = kDim < kMaxGradDims ? kDim : kMaxGradDims;
   static constexpr int kDimParts = kDim / kGradDims;
-  static constexpr int kRowStride = kDim + kChunkElements;
+  static constexpr int kRowStride = kDim;  // swizzled rows
   static constexpr int kQueryTileElements = kQueries * kRowStride;
   static constexpr int kKvTileElements = kKeys * kRowStride;
   // Shared memory, in elements: Q, dO, then per ring slot K and V.
@@ -665,9 +758,7 @@ __global__ void __launch_bounds__(GradQueryTiling<kDim>::kThreads)
   // "A rows" lanes (warp_multiply) for K by depth in dQ += dS K.
   const int a_row = lane % 16;
   const int a_chunk = lane / 16;
-  const auto address = [](const Element* tile, int row, int column) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(tile + row * T::kRowStride + column));
-  };
+  using Swizzled = SwizzledOperand<Element, kDim>;
   const int warp_row = warp * kMmaRows;  // the warp's first row in the tile
 
   // Per lane, rows group and group + 8 of the warp's strip: the LSE (log2 units) and D. A row past
@@ -692,12 +783,13 @@ __global__ void __launch_bounds__(GradQueryTiling<kDim>::kThreads)
     commit_copies();
     const Element* key_slot = tiles + T::kRingOffset + tile % T::kStages * 2 * T::kKvTileElements;
     const Element* value_slot = key_slot + T::kKvTileElements;
+    const unsigned key_lane = Swizzled{key_slot, 0, grad_dim_base}.lane_address(a_row, a_chunk);
     const int key_base = tile * T::kKeys;
 
     // S = Q Kᵀ for the warp's 16 rows and the tile's keys.
     float scores[1][kScoreTiles][4] = {};
     warp_multiply<Element, Stored::by_row, Stored::by_row, 1, kScoreTiles, kDim>(
-        scores, query_tile + warp_row * T::kRowStride, T::kRowStride, key_slot, T::kRowStride);
+        scores, Swizzled{query_tile, warp_row, 0}, Swizzled{key_slot, 0, 0});
 
     // P = 2^(s · scale · log2 e − LSE · log2 e), 0 where the row may not see the key (by
     // selection: a row that sees no key has LSE = -inf).
@@ -716,7 +808,7 @@ __global__ void __launch_bounds__(GradQueryTiling<kDim>::kThreads)
     // dP = dO Vᵀ, like S.
     float grad_probs[1][kScoreTiles][4] = {};
     warp_multiply<Element, Stored::by_row, Stored::by_row, 1, kScoreTiles, kDim>(
-        grad_probs, grad_out_tile + warp_row * T::kRowStride, T::kRowStride, value_slot, T::kRowStride);
+        grad_probs, Swizzled{grad_out_tile, warp_row, 0}, Swizzled{value_slot, 0, 0});
 
     // dQ += dS K with dS = P ∘ (dP − D): tiles 2j and 2j + 1 of dS, rounded to 16-bit pairs, are
     // the A fragment of keys 16j .. 16j + 15; K as B, transposed on load.
@@ -737,8 +829,7 @@ __global__ void __launch_bounds__(GradQueryTiling<kDim>::kThreads)
 #pragma unroll
       for (int pair = 0; pair < kGradSteps; ++pair) {
         unsigned keys[4];
-        load_matrices_transposed(
-            keys, address(key_slot, j * kMmaDepth + a_row, grad_dim_base + pair * kMmaDepth + a_chunk * 8));
+        load_matrices_transposed(keys, Swizzled::offset(key_lane, j * kMmaDepth, pair * kMmaDepth));
         mma_16x8x16<Element>(query_grad[2 * pair], fragment, keys[0], keys[1]);
         mma_16x8x16<Element>(query_grad[2 * pair + 1], fragment, keys[2], keys[3]);
       }
