@@ -77,7 +77,7 @@ foreach(arch 80 90)
     PATTERN "ldmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.shared\\.b16"
     PATTERN "ldmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.trans\\.shared\\.b16"
     PATTERN "cp\\.async\\.cg\\.shared\\.global"
-    PATTERN "(red|atom)\\.global\\.add\\.f32")
+    PATTERN "(red|atom)\\.global\\.add(\\.v2)?\\.f32")
   fa_add_spill_test(NAME "stage11: ptxas spills nothing to local memory (sm_${arch})"
     STAGE 11_backward SOURCE backward_mma.cu ARCH ${arch})
 endforeach()

@@ -91,7 +91,12 @@ constexpr int kMmaCols = 8;        // its N: the columns of one FP32 accumulator
 constexpr int kChunkElements = 8;  // 16 bytes of a 16-bit type: one cp.async, one ldmatrix row
 constexpr int kMaxDim = 256;
 constexpr int kMaxGradDims = 128;  // the dims of dK, dV and dQ one block owns, at most (registers)
-constexpr int kWarpStrip = 32;     // the output rows of a warp's share of a product: two mma row tiles
+// The FP32 dQ workspace: rows of the bucket's D, and this many rows more than B·Hq·Nq (the
+// largest Br): a step's atomics never leave it and need no bounds test. Dims past D add zeros to
+// the padding of their own row, rows past Nq zeros to the next head's first rows (or the spare
+// rows at the end).
+constexpr int kSpareAccumulatorRows = 128;
+constexpr int kWarpStrip = 32;  // the output rows of a warp's share of a product: two mma row tiles
 constexpr unsigned kFullWarp = 0xffffffffu;
 // Everything that sizes the kernel of one head-dim bucket. Eight warps (128 keys; 64 query rows a
 // step, 128 at D = 64) where shared memory allows: each Q and dO tile brought in serves twice the
@@ -340,21 +345,19 @@ __device__ __forceinline__ void warp_multiply(float (&acc)[kRowTiles][kColTiles]
   }
 }
 
-// destination[0] += x and destination[1] += y in L2 (those of the two below `valid`). A warp's
-// pairs lie 8 to a row, 32 contiguous bytes: on sm_90 one 8-byte atomic a pair
-// (red.global.add.v2.f32) makes a row's eight adds one full 32-byte L2 sector operation, where two
-// 4-byte atomics make two half-used ones. kPaired: the row's dims are whole 8-byte-aligned pairs.
-template <bool kPaired>
-__device__ __forceinline__ void add_pair(float* destination, float x, float y, int valid) {
+#if FA_STAGE11_DEVICE_CODE
+// destination[0] += x and destination[1] += y in L2. A warp's pairs lie 8 to a row, 32 contiguous
+// bytes: on sm_90 one 8-byte atomic a pair (red.global.add.v2.f32) makes a row's eight adds one
+// full 32-byte L2 sector operation, where two 4-byte atomics make two half-used ones.
+__device__ __forceinline__ void add_pair(float* destination, float x, float y) {
 #if __CUDA_ARCH__ >= 900
-  if constexpr (kPaired) {
-    if (valid > 0) atomicAdd(reinterpret_cast<float2*>(destination), make_float2(x, y));
-    return;
-  }
+  atomicAdd(reinterpret_cast<float2*>(destination), make_float2(x, y));
+#else
+  atomicAdd(destination, x);
+  atomicAdd(destination + 1, y);
 #endif
-  if (valid > 0) atomicAdd(destination, x);
-  if (valid > 1) atomicAdd(destination + 1, y);
 }
+#endif
 
 // Preprocessing: D_i = rowsum(dO ∘ O) in FP32, one warp per query row.
 template <typename Element>
@@ -371,13 +374,15 @@ __global__ void row_delta_kernel(const Element* __restrict__ out, const Element*
   if (lane == 0) row_delta[row] = sum;
 }
 
-// The last step: dQ = scale · (the FP32 sum of every key tile's dS K), rounded to the element type.
+// The last step: dQ = scale · (the FP32 sum of every key tile's dS K), rounded to the element type:
+// row r of dQ from row r of the workspace, whose rows are accumulator_dims wide.
 template <typename Element>
 __global__ void scale_grad_query_kernel(const float* __restrict__ accumulated, Element* __restrict__ grad_q,
-                                        int64_t elements, float scale) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < elements;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    grad_q[i] = to_element<Element>(accumulated[i] * scale);
+                                        int64_t rows, int accumulator_dims, int dim, float scale) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  if (row >= rows) return;
+  for (int d = threadIdx.x % kWarpSize; d < dim; d += kWarpSize) {
+    grad_q[row * dim + d] = to_element<Element>(accumulated[row * accumulator_dims + d] * scale);
   }
 }
 
@@ -606,32 +611,21 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
       float query_grad[kDqRowTiles][kDqTiles][4] = {};
       warp_multiply<Element, kByDepth, kByDepth, kDqRowTiles, kDqTiles, T::kKeys>(
           query_grad, Scores{grad_score_tile + dq_query}, Swizzled{key_tile, 0, grad_dim_base + dq_dim});
-      // Other key tiles add to the same rows: FP32 atomic adds, unscaled (the last kernel scales).
-      // The lane's first element; its others lie 16i + 8·half rows and 8n columns on. Compiled
-      // twice, like the first half: a step of whole rows and all the bucket's dims adds without
-      // a bounds test, in one straight run of atomics.
-      const int lane_column = grad_dim_base + dq_dim + 2 * quad;
-      float* const lane_grad_q = grad_q_accumulator + (rows.first + dq_query + group) * dim + lane_column;
-      const auto add_grad_query = [&](auto checked) {
+      // Other key tiles add to the same rows: FP32 atomic adds, unscaled (the last kernel scales),
+      // with no bounds test (the workspace's rows are kDim wide, with spare rows: above). The
+      // lane's first element; its others lie 16i + 8·half rows and 8n columns on.
+      float* const lane_grad_q =
+          grad_q_accumulator + (rows.first + dq_query + group) * kDim + grad_dim_base + dq_dim + 2 * quad;
 #pragma unroll
-        for (int i = 0; i < kDqRowTiles; ++i) {
+      for (int i = 0; i < kDqRowTiles; ++i) {
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int row = dq_query + i * kMmaRows + group + 8 * half;
-            const int valid_dims = query_base + row < q_seq ? dim - lane_column : 0;  // rows past Nq add nothing
-            float* const destination = lane_grad_q + (i * kMmaRows + 8 * half) * dim;
+        for (int half = 0; half < 2; ++half) {
 #pragma unroll
-            for (int n = 0; n < kDqTiles; ++n) {
-              add_pair<kAsync>(destination + n * kMmaCols, query_grad[i][n][2 * half], query_grad[i][n][2 * half + 1],
-                               checked ? valid_dims - n * kMmaCols : 2);
-            }
+          for (int n = 0; n < kDqTiles; ++n) {
+            add_pair(lane_grad_q + (i * kMmaRows + 8 * half) * kDim + n * kMmaCols, query_grad[i][n][2 * half],
+                     query_grad[i][n][2 * half + 1]);
           }
         }
-      };
-      if (query_base + T::kQueries <= q_seq && dim == kDim) {
-        add_grad_query(std::false_type{});
-      } else {
-        add_grad_query(std::true_type{});
       }
     }
     rows = rows_after(rows);
@@ -864,10 +858,26 @@ __global__ void __launch_bounds__(GradQueryTiling<kDim>::kThreads)
 #endif
 }
 
+// The head-dim buckets: a problem runs in the first that holds its D.
+template <typename Launch>
+Status dispatch_bucket(int64_t dim, Launch&& launch) {
+  return dispatch_head_dim<64, kMaxGradDims, kMaxDim>(dim, launch);
+}
+
+// The FP32 dQ workspace, in floats: B·Hq·Nq rows and the spare ones, each the bucket's D wide.
+int64_t accumulator_elements(const Problem& problem) {
+  int64_t bucket = 0;
+  const Status status = dispatch_bucket(problem.dim, [&](auto dims) {
+    bucket = decltype(dims)::value;
+    return Status();
+  });
+  return status.ok() ? (problem.q_rows() + kSpareAccumulatorRows) * bucket : 0;
+}
+
 // The workspace: dQ in FP32 (the atomics' target), then D, one float per query row.
 int64_t workspace_bytes(const Problem& problem, Pass pass) {
   if (pass != Pass::backward) return 0;
-  return (problem.q_elements() + problem.q_rows()) * static_cast<int64_t>(sizeof(float));
+  return (accumulator_elements(problem) + problem.q_rows()) * static_cast<int64_t>(sizeof(float));
 }
 
 template <typename Element, int kDim, int kWarpCount, bool kAsync, bool kAtomicGradQuery>
@@ -881,7 +891,7 @@ Status launch(const BackwardArgs& args) {
   FA_STATUS_TRY(check_grid(blocks));
   const float scale = softmax_scale(problem);
   float* grad_q_accumulator = static_cast<float*>(args.workspace);
-  float* row_delta = grad_q_accumulator + problem.q_elements();
+  float* row_delta = grad_q_accumulator + accumulator_elements(problem);
   const auto* grad_out = static_cast<const Element*>(args.grad_o);
 
   // 1. D_i = rowsum(dO ∘ O), and the FP32 dQ cleared for the atomics.
@@ -892,8 +902,8 @@ Status launch(const BackwardArgs& args) {
          args.stream>>>(static_cast<const Element*>(args.o), grad_out, row_delta, rows, static_cast<int>(problem.dim));
   FA_LAUNCH_TRY();
   if constexpr (kAtomicGradQuery) {
-    FA_CUDA_TRY(cudaMemsetAsync(grad_q_accumulator, 0, static_cast<std::size_t>(problem.q_elements()) * sizeof(float),
-                                args.stream));
+    FA_CUDA_TRY(cudaMemsetAsync(grad_q_accumulator, 0,
+                                static_cast<std::size_t>(accumulator_elements(problem)) * sizeof(float), args.stream));
   }
 
   // 2. One block per (K/V head, key tile) and part of the dims: dK and dV, and dQ's shares.
@@ -924,11 +934,9 @@ Status launch(const BackwardArgs& args) {
   }
 
   // 3. dQ = scale · the sum, rounded to the element type.
-  constexpr int kConvertThreads = 256;
-  const int64_t elements = problem.q_elements();
-  const int64_t convert_blocks = std::min<int64_t>((elements + kConvertThreads - 1) / kConvertThreads, 65536);
-  scale_grad_query_kernel<Element><<<static_cast<unsigned>(convert_blocks), kConvertThreads, 0, args.stream>>>(
-      grad_q_accumulator, static_cast<Element*>(args.grad_q), elements, scale);
+  scale_grad_query_kernel<Element><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                                     kRowsPerBlock * kWarpSize, 0, args.stream>>>(
+      grad_q_accumulator, static_cast<Element*>(args.grad_q), rows, kDim, static_cast<int>(problem.dim), scale);
   FA_LAUNCH_TRY();
   return Status();
 }
@@ -973,7 +981,7 @@ Status backward(const BackwardArgs& args) {
   const bool async_copies = args.problem.dim % kChunkElements == 0 &&
                             all_aligned16({args.q, args.k, args.v, args.grad_o, args.grad_k, args.grad_v});
   const bool atomics = !deterministic_grad_query();
-  return dispatch_head_dim<64, kMaxGradDims, kMaxDim>(args.problem.dim, [&](auto bucket) {
+  return dispatch_bucket(args.problem.dim, [&](auto bucket) {
     constexpr int kBucket = decltype(bucket)::value;
     return async_copies ? launch_bucket<Element, kBucket, true>(args, atomics)
                         : launch_bucket<Element, kBucket, false>(args, atomics);
