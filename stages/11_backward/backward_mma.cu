@@ -92,7 +92,7 @@ constexpr int kChunkElements = 8;  // 16 bytes of a 16-bit type: one cp.async, o
 constexpr int kMaxDim = 256;
 constexpr int kMaxGradDims = 128;  // the dims of dK, dV and dQ one block owns, at most (registers)
 // The FP32 dQ workspace: rows of the bucket's D, and this many rows more than B·Hq·Nq (the
-// largest Br): a step's atomics never leave it and need no bounds test. Dims past D add zeros to
+// largest Br of any tiling): a step's atomics never leave it and need no bounds test. Dims past D add zeros to
 // the padding of their own row, rows past Nq zeros to the next head's first rows (or the spare
 // rows at the end).
 constexpr int kSpareAccumulatorRows = 128;
@@ -167,9 +167,9 @@ __device__ __forceinline__ int swizzled_index(int row, int column) {
   return row * kDim + (column / kChunkElements ^ row % 8) * kChunkElements + column % kChunkElements;
 }
 
-// Copies rows [0, kRows) of a (rows × dim) matrix into a swizzled shared tile of kDim-wide rows, zeros past
-// `valid_rows` and past `dim` (up to the bucket's kDim): with cp.async when every row is made of
-// whole 16-byte chunks on 16-byte boundaries (kAsync), else with plain loads and stores.
+// Copies rows [0, kRows) of a (rows × dim) matrix into a swizzled shared tile of kDim-wide rows,
+// zeros past `valid_rows` and past `dim` (up to the bucket's kDim): with cp.async when every row is
+// made of whole 16-byte chunks on 16-byte boundaries (kAsync), else with plain loads and stores.
 template <bool kAsync, typename Element, int kDim, int kRows, int kThreadCount>
 __device__ __forceinline__ void copy_tile(Element* tile, const Element* source, int valid_rows, int dim) {
   if constexpr (kAsync) {
@@ -261,11 +261,11 @@ enum class Stored { by_row, by_depth };
 
 // acc += A·B for one warp: A is kRowTiles·16 rows × kDepth, B kDepth × kColTiles·8 columns, acc the
 // kRowTiles × kColTiles FP32 accumulator tiles of mma.m16n8k16; `a` and `b` say where the operands
-// lie (above). Per 16-deep step each A fragment is loaded once and serves every column tile, each pair of B tiles once
-// and serves every row tile: the larger the warp's share, the fewer bytes read per product. Lane patterns (stage 08's
-// README, "ldmatrix"): "A rows", lane l reads row l % 16, 8-column chunk l / 16; "B rows", row (l / 16)·8 + l % 8,
-// chunk (l / 8) % 2. A by_row and B by_depth use "A rows", the others "B rows"; by_depth operands are transposed on
-// load.
+// lie (above). Per 16-deep step each A fragment is loaded once and serves every column tile, each
+// pair of B tiles once and serves every row tile: the larger the warp's share, the fewer bytes
+// read per product. Lane patterns (stage 08's README, "ldmatrix"): "A rows", lane l reads row
+// l % 16, 8-column chunk l / 16; "B rows", row (l / 16)·8 + l % 8, chunk (l / 8) % 2. A by_row and
+// B by_depth use "A rows", the others "B rows"; by_depth operands are transposed on load.
 template <typename Element, Stored kA, Stored kB, int kRowTiles, int kColTiles, int kDepth, typename OperandA,
           typename OperandB>
 __device__ __forceinline__ void warp_multiply(float (&acc)[kRowTiles][kColTiles][4], const OperandA& a,
