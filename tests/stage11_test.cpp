@@ -160,12 +160,13 @@ TEST_CASE("stage11: describes what it takes") {
     REQUIRE(stage.backward != nullptr);
     const fa::Problem problem = fa::Problem::square(2, 3, 100, 64);
     CHECK(fa::workspace_bytes(stage, problem, fa::Pass::forward) == 0);
-    // The workspace: the FP32 dQ in rows of the head-dim bucket (64 here, 128 at D = 72), 128
-    // spare rows past the last for the atomics of a last, partial query tile, then D.
+    // The workspace: the FP32 dQ, each query head's 100 rows rounded up to 128 (whole query tiles
+    // of any tiling), in rows of the head-dim bucket (64 here, 128 at D = 72), then D.
     CHECK(fa::workspace_bytes(stage, problem, fa::Pass::backward) ==
-          4 * ((problem.q_rows() + 128) * 64 + problem.q_rows()));
+          4 * (problem.q_heads_total() * 128 * 64 + problem.q_rows()));
     const fa::Problem wider = fa::Problem::square(2, 3, 100, 72);
-    CHECK(fa::workspace_bytes(stage, wider, fa::Pass::backward) == 4 * ((wider.q_rows() + 128) * 128 + wider.q_rows()));
+    CHECK(fa::workspace_bytes(stage, wider, fa::Pass::backward) ==
+          4 * (wider.q_heads_total() * 128 * 128 + wider.q_rows()));
     CHECK_FALSE(fa::unsupported_reason(stage, fa::Problem::square(1, 1, 64, 257), true, fa::Pass::backward).empty());
     CHECK(fa::unsupported_reason(stage, fa::Problem{2, 8, 2, 70, 35, 100, true}, true, fa::Pass::backward).empty());
   }

@@ -91,11 +91,11 @@ constexpr int kMmaCols = 8;        // its N: the columns of one FP32 accumulator
 constexpr int kChunkElements = 8;  // 16 bytes of a 16-bit type: one cp.async, one ldmatrix row
 constexpr int kMaxDim = 256;
 constexpr int kMaxGradDims = 128;  // the dims of dK, dV and dQ one block owns, at most (registers)
-// The FP32 dQ workspace: rows of the bucket's D, and this many rows more than B·Hq·Nq (the
-// largest Br of any tiling): a step's atomics never leave it and need no bounds test. Dims past D add zeros to
-// the padding of their own row, rows past Nq zeros to the next head's first rows (or the spare
-// rows at the end).
-constexpr int kSpareAccumulatorRows = 128;
+// The FP32 dQ workspace holds each query head's rows rounded up to a multiple of this (the largest
+// Br of any tiling), in tiles of Br rows × the bucket's D: a step's atomics stay inside its own
+// tile and need no bounds test (rows past Nq and dims past D add zeros to floats nobody reads).
+// The layout inside a tile is the atomics' (Tiling::accumulator_offset).
+constexpr int kAccumulatorRowMultiple = 128;
 constexpr int kWarpStrip = 32;  // the output rows of a warp's share of a product: two mma row tiles
 constexpr unsigned kFullWarp = 0xffffffffu;
 // Everything that sizes the kernel of one head-dim bucket. Eight warps (128 keys; 64 query rows a
@@ -157,6 +157,25 @@ struct Tiling {
   static_assert(kDqDims % (2 * kMmaCols) == 0, "dQ splits evenly among the warps");
   static_assert(kThreads % (kDim / kChunkElements) == 0, "whole rows in every pass of a tile copy");
   static_assert(kDim % kGradDims == 0, "the dim parts cover the bucket");
+  static_assert(kAccumulatorRowMultiple % kQueries == 0, "whole query tiles in each head's workspace rows");
+
+  // Where dQ's element (row, column) of a query tile lies in the tile's FP32 workspace. The warps'
+  // 32-row × kDqDims blocks lie one after another (block p·kWarps + w: warp w's, of dim part p),
+  // and in a block the lanes' accumulator pairs are interleaved: pair j of lane l at floats
+  // 64j + 2l and 64j + 2l + 1, pair j being element 2·half (+1) of tile [i][n], j = (2i + half)·
+  // kDqTiles + n. So one 8-byte atomic of each lane of a warp covers 256 contiguous bytes (two
+  // L2 requests), where in a row-major tile it covered 32 bytes of each of 8 rows (8 requests).
+  static constexpr int kDqTiles = kDqDims / kMmaCols;
+  static constexpr int kDqBlockElements = kDqWarpQueries * kDqDims;
+  __device__ __forceinline__ static int accumulator_offset(int row, int column) {
+    const int part = column / kGradDims;
+    const int block_column = column % kGradDims % kDqDims;
+    const int warp = column % kGradDims / kDqDims * kDqQueryStrips + row / kDqWarpQueries;
+    const int block_row = row % kDqWarpQueries;
+    const int lane = block_row % 8 * 4 + block_column % kMmaCols / 2;
+    const int pair = (block_row / kMmaRows * 2 + block_row % kMmaRows / 8) * kDqTiles + block_column / kMmaCols;
+    return (part * kWarps + warp) * kDqBlockElements + pair * 2 * kWarpSize + 2 * lane + column % 2;
+  }
 };
 
 // The Q, dO, K and V tiles are stored swizzled, as in stage 08: chunk c of row r at chunk
@@ -345,10 +364,25 @@ __device__ __forceinline__ void warp_multiply(float (&acc)[kRowTiles][kColTiles]
   }
 }
 
+// Two 16 × 8 FP32 accumulator tiles side by side, rounded to 16-bit pairs, into shared memory with
+// sm_90's stmatrix.x4 (ldmatrix's mirror: the four 8 × 8 blocks are rows 0-7 and 8-15 of the first
+// tile, then of the second; lane l gives the address of row l % 8 of block l / 8).
+template <typename Element>
+__device__ __forceinline__ void store_tile_pair(unsigned lane_address, const float (&first)[4],
+                                                const float (&second)[4]) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(lane_address),
+               "r"(pack_pair<Element>(first[0], first[1])), "r"(pack_pair<Element>(first[2], first[3])),
+               "r"(pack_pair<Element>(second[0], second[1])), "r"(pack_pair<Element>(second[2], second[3])));
+#else
+  __trap();  // sm_90 and newer: the kernels use it only there (kStoreByMatrix)
+#endif
+}
+
 #if FA_STAGE11_DEVICE_CODE
-// destination[0] += x and destination[1] += y in L2. A warp's pairs lie 8 to a row, 32 contiguous
-// bytes: on sm_90 one 8-byte atomic a pair (red.global.add.v2.f32) makes a row's eight adds one
-// full 32-byte L2 sector operation, where two 4-byte atomics make two half-used ones.
+// destination[0] += x and destination[1] += y in L2. On sm_90 one 8-byte atomic a pair
+// (red.global.add.v2.f32): a warp's 32 pairs, side by side in the workspace, are then one
+// instruction and two 128-byte L2 requests; sm_80 has no vector atomic and adds them one by one.
 __device__ __forceinline__ void add_pair(float* destination, float x, float y) {
 #if __CUDA_ARCH__ >= 900
   atomicAdd(reinterpret_cast<float2*>(destination), make_float2(x, y));
@@ -374,15 +408,20 @@ __global__ void row_delta_kernel(const Element* __restrict__ out, const Element*
   if (lane == 0) row_delta[row] = sum;
 }
 
-// The last step: dQ = scale · (the FP32 sum of every key tile's dS K), rounded to the element type:
-// row r of dQ from row r of the workspace, whose rows are accumulator_dims wide.
-template <typename Element>
+// The last step: dQ = scale · (the FP32 sum of every key tile's dS K), rounded to the element type,
+// one warp per row of dQ, reading the workspace where the main kernel's atomics left it.
+template <typename Element, int kDim, int kWarpCount>
 __global__ void scale_grad_query_kernel(const float* __restrict__ accumulated, Element* __restrict__ grad_q,
-                                        int64_t rows, int accumulator_dims, int dim, float scale) {
+                                        int64_t rows, int q_seq, int accumulator_head_rows, int dim, float scale) {
+  using T = Tiling<kDim, kWarpCount>;
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
   if (row >= rows) return;
+  const int64_t head = row / q_seq;
+  const int row_in_head = static_cast<int>(row % q_seq);
+  const float* tile =
+      accumulated + (head * accumulator_head_rows + row_in_head / T::kQueries * T::kQueries) * int64_t{kDim};
   for (int d = threadIdx.x % kWarpSize; d < dim; d += kWarpSize) {
-    grad_q[row * dim + d] = to_element<Element>(accumulated[row * accumulator_dims + d] * scale);
+    grad_q[row * dim + d] = to_element<Element>(tile[T::accumulator_offset(row_in_head % T::kQueries, d)] * scale);
   }
 }
 
@@ -395,14 +434,24 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
                     const Element* __restrict__ grad_out, const float* __restrict__ lse,
                     const float* __restrict__ row_delta, float* __restrict__ grad_q_accumulator,
                     Element* __restrict__ grad_k, Element* __restrict__ grad_v, int q_seq, int kv_seq, int dim,
-                    int key_tiles, int q_heads, int kv_heads, bool causal, float scale, float scale_log2) {
+                    int accumulator_head_rows, int key_tiles, int q_heads, int kv_heads, bool causal, float scale,
+                    float scale_log2) {
 #if FA_STAGE11_DEVICE_CODE
   using T = Tiling<kDim, kWarpCount>;
   constexpr int kKeyTiles = T::kWarpKeys / kMmaRows;         // 16-key row tiles of a warp's S^T, dK, dV
   constexpr int kScoreTiles = T::kWarpQueries / kMmaCols;    // 8-query column tiles of its S^T
   constexpr int kGradTiles = T::kWarpGradDims / kMmaCols;    // 8-dim column tiles of its dK, dV
   constexpr int kDqRowTiles = T::kDqWarpQueries / kMmaRows;  // 16-query row tiles of its dQ
-  constexpr int kDqTiles = T::kDqDims / kMmaCols;            // 8-dim column tiles of its dQ
+  constexpr int kDqTiles = T::kDqTiles;                      // 8-dim column tiles of its dQ
+  // P^T and dS^T go to shared memory by stmatrix where a warp's strip is 64 queries wide (D = 64,
+  // eight warps) on sm_90: a quarter of the store instructions of 4-byte stores, where those were
+  // 64 a step beside 320 mma. With 32-query strips (D = 128) they are half as many, and stmatrix
+  // measured no faster there (the README's A/B).
+#if __CUDA_ARCH__ >= 900
+  constexpr bool kStoreByMatrix = kScoreTiles >= 8;
+#else
+  constexpr bool kStoreByMatrix = false;
+#endif
   constexpr Stored kByRow = Stored::by_row;
   constexpr Stored kByDepth = Stored::by_depth;
   using Swizzled = SwizzledOperand<Element, kDim>;
@@ -445,12 +494,14 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
   // first product.
   struct StepRows {
     int base;       // the step's first row within its query head
-    int64_t first;  // ... and among all B·Hq·Nq rows
+    int head;       // the query head, among all B·Hq
+    int64_t first;  // the step's first row among all B·Hq·Nq rows
   };
   const int first_base = first_query_tile * T::kQueries;
   const auto rows_after = [&](StepRows rows) {  // the head's next query tile, or the next head's first
-    return rows.base + T::kQueries < q_seq ? StepRows{rows.base + T::kQueries, rows.first + T::kQueries}
-                                           : StepRows{first_base, rows.first - rows.base + q_seq + first_base};
+    return rows.base + T::kQueries < q_seq
+               ? StepRows{rows.base + T::kQueries, rows.head, rows.first + T::kQueries}
+               : StepRows{first_base, rows.head + 1, rows.first - rows.base + q_seq + first_base};
   };
   // A ring slot receives Q, dO, the LSE and D of a step, all by cp.async. Rows past Nq get zeros
   // in all four: their S is 0 and P = 2^0 = 1, but dO = 0 and D = 0 make their dP and dS 0, so
@@ -473,7 +524,7 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
   // K and V of the block join the first group of copies, with step 0.
   copy_tile<kAsync, Element, kDim, T::kKeys, T::kThreads>(key_tile, k + kv_offset, valid_keys, dim);
   copy_tile<kAsync, Element, kDim, T::kKeys, T::kThreads>(value_tile, v + kv_offset, valid_keys, dim);
-  StepRows rows{first_base, first_query_head * q_seq + first_base};  // step 0's
+  StepRows rows{first_base, static_cast<int>(first_query_head), first_query_head * q_seq + first_base};  // step 0's
   issue_step(0, rows);  // every key sees at least the last query tile: steps >= 1
   commit_copies();
 
@@ -568,18 +619,40 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
 
       // P^T and dS^T to shared memory, rounded to 16-bit pairs: the products below read them by
       // whole 32-key strips (dV, dK) and transposed (dQ).
+      if constexpr (kStoreByMatrix) {
+        // stmatrix.x4 stores four 8 × 8 blocks, lane l naming a row of block l / 8: here rows
+        // group and group + 8 of tiles n and n + 1, so that lane l names key 16i + l % 16, query
+        // 8n + 8·(l / 16). The lane index is read in the step (%laneid), not derived from
+        // threadIdx before the loop: the compiler would keep that address in a register through
+        // every product of the step, and at this register count that spilled.
+        unsigned lane_id;
+        asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane_id));
+        const auto lane_address = static_cast<unsigned>(__cvta_generic_to_shared(
+            prob_tile + (warp_key + lane_id % 16) * T::kScoreStride + warp_query + lane_id / 16 * kMmaCols));
+        constexpr int kGradScoreBytes = (T::kGradScoreOffset - T::kProbOffset) * static_cast<int>(sizeof(Element));
 #pragma unroll
-      for (int i = 0; i < kKeyTiles; ++i) {
+        for (int i = 0; i < kKeyTiles; ++i) {
 #pragma unroll
-        for (int n = 0; n < kScoreTiles; ++n) {
+          for (int n = 0; n < kScoreTiles; n += 2) {
+            const int offset = (i * kMmaRows * T::kScoreStride + n * kMmaCols) * static_cast<int>(sizeof(Element));
+            store_tile_pair<Element>(lane_address + offset, scores[i][n], scores[i][n + 1]);
+            store_tile_pair<Element>(lane_address + kGradScoreBytes + offset, grad_probs[i][n], grad_probs[i][n + 1]);
+          }
+        }
+      } else {
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int offset =
-                (warp_key + i * kMmaRows + group + 8 * half) * T::kScoreStride + warp_query + n * kMmaCols + 2 * quad;
-            *reinterpret_cast<unsigned*>(prob_tile + offset) =
-                pack_pair<Element>(scores[i][n][2 * half], scores[i][n][2 * half + 1]);
-            *reinterpret_cast<unsigned*>(grad_score_tile + offset) =
-                pack_pair<Element>(grad_probs[i][n][2 * half], grad_probs[i][n][2 * half + 1]);
+        for (int i = 0; i < kKeyTiles; ++i) {
+#pragma unroll
+          for (int n = 0; n < kScoreTiles; ++n) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int offset =
+                  (warp_key + i * kMmaRows + group + 8 * half) * T::kScoreStride + warp_query + n * kMmaCols + 2 * quad;
+              *reinterpret_cast<unsigned*>(prob_tile + offset) =
+                  pack_pair<Element>(scores[i][n][2 * half], scores[i][n][2 * half + 1]);
+              *reinterpret_cast<unsigned*>(grad_score_tile + offset) =
+                  pack_pair<Element>(grad_probs[i][n][2 * half], grad_probs[i][n][2 * half + 1]);
+            }
           }
         }
       }
@@ -612,18 +685,18 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
       warp_multiply<Element, kByDepth, kByDepth, kDqRowTiles, kDqTiles, T::kKeys>(
           query_grad, Scores{grad_score_tile + dq_query}, Swizzled{key_tile, 0, grad_dim_base + dq_dim});
       // Other key tiles add to the same rows: FP32 atomic adds, unscaled (the last kernel scales),
-      // with no bounds test (the workspace's rows are kDim wide, with spare rows: above). The
-      // lane's first element; its others lie 16i + 8·half rows and 8n columns on.
-      float* const lane_grad_q =
-          grad_q_accumulator + (rows.first + dq_query + group) * kDim + grad_dim_base + dq_dim + 2 * quad;
+      // in the workspace's layout (Tiling::accumulator_offset): the lane's pair j at 64j floats on.
+      float* const lane_grad_q = grad_q_accumulator +
+                                 (static_cast<int64_t>(rows.head) * accumulator_head_rows + rows.base) * kDim +
+                                 (static_cast<int>(blockIdx.y) * T::kWarps + warp) * T::kDqBlockElements + 2 * lane;
 #pragma unroll
       for (int i = 0; i < kDqRowTiles; ++i) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
 #pragma unroll
           for (int n = 0; n < kDqTiles; ++n) {
-            add_pair(lane_grad_q + (i * kMmaRows + 8 * half) * kDim + n * kMmaCols, query_grad[i][n][2 * half],
-                     query_grad[i][n][2 * half + 1]);
+            const int pair = (2 * i + half) * kDqTiles + n;
+            add_pair(lane_grad_q + pair * 2 * kWarpSize, query_grad[i][n][2 * half], query_grad[i][n][2 * half + 1]);
           }
         }
       }
@@ -864,14 +937,19 @@ Status dispatch_bucket(int64_t dim, Launch&& launch) {
   return dispatch_head_dim<64, kMaxGradDims, kMaxDim>(dim, launch);
 }
 
-// The FP32 dQ workspace, in floats: B·Hq·Nq rows and the spare ones, each the bucket's D wide.
+// The rows of each query head in the FP32 dQ workspace: Nq rounded up to whole tiles of any Br.
+int64_t accumulator_head_rows(const Problem& problem) {
+  return (problem.q_seq + kAccumulatorRowMultiple - 1) / kAccumulatorRowMultiple * kAccumulatorRowMultiple;
+}
+
+// The FP32 dQ workspace, in floats: each query head's rows, each the bucket's D wide.
 int64_t accumulator_elements(const Problem& problem) {
   int64_t bucket = 0;
   const Status status = dispatch_bucket(problem.dim, [&](auto dims) {
     bucket = decltype(dims)::value;
     return Status();
   });
-  return status.ok() ? (problem.q_rows() + kSpareAccumulatorRows) * bucket : 0;
+  return status.ok() ? problem.q_heads_total() * accumulator_head_rows(problem) * bucket : 0;
 }
 
 // The workspace: dQ in FP32 (the atomics' target), then D, one float per query row.
@@ -912,8 +990,8 @@ Status launch(const BackwardArgs& args) {
       static_cast<const Element*>(args.q), static_cast<const Element*>(args.k), static_cast<const Element*>(args.v),
       grad_out, args.lse, row_delta, grad_q_accumulator, static_cast<Element*>(args.grad_k),
       static_cast<Element*>(args.grad_v), static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq),
-      static_cast<int>(problem.dim), static_cast<int>(key_tiles), static_cast<int>(problem.q_heads),
-      static_cast<int>(problem.kv_heads), problem.causal, scale, scale * kLog2e);
+      static_cast<int>(problem.dim), static_cast<int>(accumulator_head_rows(problem)), static_cast<int>(key_tiles),
+      static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads), problem.causal, scale, scale * kLog2e);
   FA_LAUNCH_TRY();
 
   if constexpr (!kAtomicGradQuery) {
@@ -934,9 +1012,10 @@ Status launch(const BackwardArgs& args) {
   }
 
   // 3. dQ = scale · the sum, rounded to the element type.
-  scale_grad_query_kernel<Element><<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
-                                     kRowsPerBlock * kWarpSize, 0, args.stream>>>(
-      grad_q_accumulator, static_cast<Element*>(args.grad_q), rows, kDim, static_cast<int>(problem.dim), scale);
+  scale_grad_query_kernel<Element, kDim, kWarpCount>
+      <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kRowsPerBlock * kWarpSize, 0,
+         args.stream>>>(grad_q_accumulator, static_cast<Element*>(args.grad_q), rows, static_cast<int>(problem.q_seq),
+                        static_cast<int>(accumulator_head_rows(problem)), static_cast<int>(problem.dim), scale);
   FA_LAUNCH_TRY();
   return Status();
 }
