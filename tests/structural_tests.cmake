@@ -67,7 +67,7 @@ fa_add_structural_test(NAME "stage09: PTX issues wgmma, TMA copies, mbarrier wai
 fa_add_spill_test(NAME "stage09: ptxas spills nothing to local memory (sm_90a)"
   STAGE 09_wgmma_tma SOURCE wgmma_tma.cu ARCH 90a)
 # Stage 11 needs sm_80: the backward's five products as mma.sync in both precisions, ldmatrix plain
-# and transposing, the cp.async ring, and dQ's FP32 atomic adds. dK and dV for a warp's 16 keys live
+# and transposing, the cp.async ring, and dQ's FP32 atomic adds. dK and dV for a warp's 32 keys live
 # in registers beside S^T and dP^T (about 250 at D = 128): no kernel may spill.
 foreach(arch 80 90)
   fa_add_structural_test(NAME "stage11: PTX issues mma.sync, ldmatrix, cp.async and FP32 atomic adds (sm_${arch})"
@@ -81,9 +81,12 @@ foreach(arch 80 90)
   fa_add_spill_test(NAME "stage11: ptxas spills nothing to local memory (sm_${arch})"
     STAGE 11_backward SOURCE backward_mma.cu ARCH ${arch})
 endforeach()
-# On sm_90 a row's dQ adds go in 8-byte pairs (atomicAdd on float2): one 32-byte L2 sector a row of a warp.
+# On sm_90 dQ's adds go in 8-byte pairs (atomicAdd on float2), a warp's 32 pairs side by side in the
+# workspace; and at D = 64, P^T and dS^T go to shared memory by stmatrix (Hopper's ldmatrix mirror).
 fa_add_structural_test(NAME "stage11: dQ's atomic adds go in 8-byte pairs (sm_90)"
   STAGE 11_backward SOURCE backward_mma.cu ARCH 90 PATTERN "(red|atom)\\.global\\.add\\.v2\\.f32")
+fa_add_structural_test(NAME "stage11: P^T and dS^T are stored with stmatrix (sm_90)"
+  STAGE 11_backward SOURCE backward_mma.cu ARCH 90 PATTERN "stmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.shared\\.b16")
 # Stage 10 is stage 09 with FlashAttention-3's schedule: besides stage 09's instructions, a
 # wgmma.wait_group 1 (the wait for S that leaves P·V running) and the turn-taking named barriers
 # (bar.sync and bar.arrive with a thread count). No kernel may spill: S of one tile, P of the last
