@@ -77,14 +77,14 @@ foreach(arch 80 90)
     PATTERN "ldmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.shared\\.b16"
     PATTERN "ldmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.trans\\.shared\\.b16"
     PATTERN "cp\\.async\\.cg\\.shared\\.global"
-    PATTERN "(red|atom)\\.global\\.add(\\.v2)?\\.f32")
+    PATTERN "(red|atom)\\.global\\.add(\\.v4)?\\.f32")
   fa_add_spill_test(NAME "stage11: ptxas spills nothing to local memory (sm_${arch})"
     STAGE 11_backward SOURCE backward_mma.cu ARCH ${arch})
 endforeach()
-# On sm_90 dQ's adds go in 8-byte pairs (atomicAdd on float2), a warp's 32 pairs side by side in the
-# workspace; and at D = 64, P^T and dS^T go to shared memory by stmatrix (Hopper's ldmatrix mirror).
-fa_add_structural_test(NAME "stage11: dQ's atomic adds go in 8-byte pairs (sm_90)"
-  STAGE 11_backward SOURCE backward_mma.cu ARCH 90 PATTERN "(red|atom)\\.global\\.add\\.v2\\.f32")
+# On sm_90 dQ's adds go four floats at once (atomicAdd on float4), a warp's 512 bytes side by side in
+# the workspace; and at D = 64, P^T and dS^T go to shared memory by stmatrix (ldmatrix's mirror).
+fa_add_structural_test(NAME "stage11: dQ's atomic adds go in 16-byte vectors (sm_90)"
+  STAGE 11_backward SOURCE backward_mma.cu ARCH 90 PATTERN "(red|atom)\\.global\\.add\\.v4\\.f32")
 fa_add_structural_test(NAME "stage11: P^T and dS^T are stored with stmatrix (sm_90)"
   STAGE 11_backward SOURCE backward_mma.cu ARCH 90 PATTERN "stmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.shared\\.b16")
 # Stage 10 is stage 09 with FlashAttention-3's schedule: besides stage 09's instructions, a

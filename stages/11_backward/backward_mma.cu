@@ -23,8 +23,9 @@
 // needs dS the other way round (rows = queries), so both go through shared memory once.
 //
 // dQ gets a share from every key tile, i.e. from many blocks: each adds its share to an FP32
-// copy of dQ with atomic adds (in 8-byte pairs on sm_90), and a last kernel scales it and rounds
-// it to the element type. Atomic adds in FP32 land in whatever order the blocks reach them, so
+// workspace with atomic adds (16 bytes at a time on sm_90; the workspace is laid out so that a
+// warp's atomic covers whole lines of L2), and a last kernel scales it and rounds it to the
+// element type. Atomic adds in FP32 land in whatever order the blocks reach them, so
 // this dQ is not bitwise deterministic from run to run (dK and dV are: one block sums each in a
 // fixed order). With FA_DETERMINISTIC=1 a pass of its own makes dQ instead (grad_query_kernel,
 // below: query tiles own dQ and re-walk the keys), the same bits every run, at a price the README
@@ -160,21 +161,31 @@ struct Tiling {
   static_assert(kAccumulatorRowMultiple % kQueries == 0, "whole query tiles in each head's workspace rows");
 
   // Where dQ's element (row, column) of a query tile lies in the tile's FP32 workspace. The warps'
-  // 32-row × kDqDims blocks lie one after another (block p·kWarps + w: warp w's, of dim part p),
-  // and in a block the lanes' accumulator pairs are interleaved: pair j of lane l at floats
-  // 64j + 2l and 64j + 2l + 1, pair j being element 2·half (+1) of tile [i][n], j = (2i + half)·
-  // kDqTiles + n. So one 8-byte atomic of each lane of a warp covers 256 contiguous bytes (two
-  // L2 requests), where in a row-major tile it covered 32 bytes of each of 8 rows (8 requests).
+  // 32-row × kDqDims blocks lie one after another (block p·kWarps + w: warp w's, of dim part p); in a
+  // block, each 16 × 8 accumulator tile [i][n] of the warp is 128 floats side by side (tile
+  // i·kDqTiles + n), in the order its atomics write them (add_tile): a warp's atomic covers whole
+  // 128-byte lines of L2 instead of 32 bytes of each of 8 rows.
   static constexpr int kDqTiles = kDqDims / kMmaCols;
   static constexpr int kDqBlockElements = kDqWarpQueries * kDqDims;
+  static constexpr int kTileElements = kMmaRows * kMmaCols;
   __device__ __forceinline__ static int accumulator_offset(int row, int column) {
     const int part = column / kGradDims;
     const int block_column = column % kGradDims % kDqDims;
     const int warp = column % kGradDims / kDqDims * kDqQueryStrips + row / kDqWarpQueries;
     const int block_row = row % kDqWarpQueries;
+    const int tile = block_row / kMmaRows * kDqTiles + block_column / kMmaCols;
     const int lane = block_row % 8 * 4 + block_column % kMmaCols / 2;
-    const int pair = (block_row / kMmaRows * 2 + block_row % kMmaRows / 8) * kDqTiles + block_column / kMmaCols;
-    return (part * kWarps + warp) * kDqBlockElements + pair * 2 * kWarpSize + 2 * lane + column % 2;
+    const int element = block_row % kMmaRows / 8 * 2 + column % 2;  // of the lane's four in the tile
+    return (part * kWarps + warp) * kDqBlockElements + tile * kTileElements + tile_offset(lane, element);
+  }
+  // The place of the lane's element e (0-3) in its tile's 128 floats: lane by lane on sm_90, whose
+  // atomic adds four at once; element by element before it, one float a lane an atomic.
+  __device__ __forceinline__ static int tile_offset(int lane, int element) {
+#if __CUDA_ARCH__ >= 900
+    return lane * 4 + element;
+#else
+    return element * kWarpSize + lane;
+#endif
   }
 };
 
@@ -380,15 +391,18 @@ __device__ __forceinline__ void store_tile_pair(unsigned lane_address, const flo
 }
 
 #if FA_STAGE11_DEVICE_CODE
-// destination[0] += x and destination[1] += y in L2. On sm_90 one 8-byte atomic a pair
-// (red.global.add.v2.f32): a warp's 32 pairs, side by side in the workspace, are then one
-// instruction and two 128-byte L2 requests; sm_80 has no vector atomic and adds them one by one.
-__device__ __forceinline__ void add_pair(float* destination, float x, float y) {
+// Adds one FP32 accumulator tile of a warp (the lane's four values) to its 128 floats of the dQ
+// workspace, in L2 (Tiling::tile_offset): on sm_90 one 16-byte atomic a lane
+// (red.global.add.v4.f32), the warp's 512 contiguous bytes, four L2 requests; before sm_90, which
+// has no vector atomic, four 4-byte atomics a lane, each the warp's 128 contiguous bytes, one request.
+template <typename T>
+__device__ __forceinline__ void add_tile(float* tile, int lane, const float (&values)[4]) {
 #if __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(destination), make_float2(x, y));
+  atomicAdd(reinterpret_cast<float4*>(tile + T::tile_offset(lane, 0)),
+            make_float4(values[0], values[1], values[2], values[3]));
 #else
-  atomicAdd(destination, x);
-  atomicAdd(destination + 1, y);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) atomicAdd(tile + T::tile_offset(lane, e), values[e]);
 #endif
 }
 #endif
@@ -685,19 +699,15 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
       warp_multiply<Element, kByDepth, kByDepth, kDqRowTiles, kDqTiles, T::kKeys>(
           query_grad, Scores{grad_score_tile + dq_query}, Swizzled{key_tile, 0, grad_dim_base + dq_dim});
       // Other key tiles add to the same rows: FP32 atomic adds, unscaled (the last kernel scales),
-      // in the workspace's layout (Tiling::accumulator_offset): the lane's pair j at 64j floats on.
-      float* const lane_grad_q = grad_q_accumulator +
+      // tile by tile in the workspace's layout (Tiling::accumulator_offset).
+      float* const warp_grad_q = grad_q_accumulator +
                                  (static_cast<int64_t>(rows.head) * accumulator_head_rows + rows.base) * kDim +
-                                 (static_cast<int>(blockIdx.y) * T::kWarps + warp) * T::kDqBlockElements + 2 * lane;
+                                 (static_cast<int>(blockIdx.y) * T::kWarps + warp) * T::kDqBlockElements;
 #pragma unroll
       for (int i = 0; i < kDqRowTiles; ++i) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-#pragma unroll
-          for (int n = 0; n < kDqTiles; ++n) {
-            const int pair = (2 * i + half) * kDqTiles + n;
-            add_pair(lane_grad_q + pair * 2 * kWarpSize, query_grad[i][n][2 * half], query_grad[i][n][2 * half + 1]);
-          }
+        for (int n = 0; n < kDqTiles; ++n) {
+          add_tile<T>(warp_grad_q + (i * kDqTiles + n) * T::kTileElements, lane, query_grad[i][n]);
         }
       }
     }
