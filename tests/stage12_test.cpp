@@ -50,21 +50,37 @@ int64_t splits_here(const fa::Problem& problem) {
   REQUIRE(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
   REQUIRE(cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess);
   REQUIRE(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess);
-  return split_kv::plan_split(problem, split_kv::wave_blocks(sm_count, memory_khz, bus_bits)).splits;
+  return split_kv::plan_split(problem, split_kv::wave_blocks(problem, sm_count, memory_khz, bus_bits)).splits;
 }
 
 }  // namespace
 
 TEST_CASE("stage12: blocks per SM follow the SM's share of the memory bandwidth") {
   // Needs no device. The attributes the lent H100 SXM (2619 MHz over 5120 bits: 3.35 TB/s) and
-  // H200 (3201 MHz over 6016 bits: 4.81 TB/s) report, 132 SMs each.
-  CHECK(split_kv::wave_blocks(132, 2619000, 5120) == 132);
-  CHECK(split_kv::wave_blocks(132, 3201000, 6016) == 2 * 132);
+  // H200 (3201 MHz over 6016 bits: 4.81 TB/s) report, 132 SMs each. Nq = 16 packs 64 rows: a strip
+  // per warp.
+  const fa::Problem strips = decode(1, 16, 65536, 128);
+  CHECK_FALSE(split_kv::keys_across_warps(strips));
+  CHECK(split_kv::wave_blocks(strips, 132, 2619000, 5120) == 132);
+  CHECK(split_kv::wave_blocks(strips, 132, 3201000, 6016) == 2 * 132);
   // No bandwidth reported: one block per SM; any bandwidth: at most the blocks that fit.
-  CHECK(split_kv::wave_blocks(108, 0, 0) == 108);
-  CHECK(split_kv::wave_blocks(16, 3201000, 6016) == split_kv::kMaxBlocksPerSm * 16);
+  CHECK(split_kv::wave_blocks(strips, 108, 0, 0) == 108);
+  CHECK(split_kv::wave_blocks(strips, 16, 3201000, 6016) == split_kv::kMaxBlocksPerSm * 16);
   // A GPU past kMaxSmCount plans as one of kMaxSmCount SMs (the workspace is sized for that).
-  CHECK(split_kv::wave_blocks(1000, 1000000, 1024) == split_kv::kMaxSmCount);
+  CHECK(split_kv::wave_blocks(strips, 1000, 1000000, 1024) == split_kv::kMaxSmCount);
+  // Up to 16 packed rows (Nq <= 4 at Hq/Hkv = 4) the warps split the keys: one block per SM on
+  // either GPU; at D = 256 they cannot (32-key tiles), and the bandwidth rule holds.
+  for (const int64_t q_seq : {1, 4}) {
+    const fa::Problem one_strip = decode(16, q_seq, 65536, 128);
+    CHECK(split_kv::keys_across_warps(one_strip));
+    CHECK(split_kv::wave_blocks(one_strip, 132, 2619000, 5120) == 132);
+    CHECK(split_kv::wave_blocks(one_strip, 132, 3201000, 6016) == 132);
+    CHECK(split_kv::wave_blocks(one_strip, 1000, 3201000, 6016) == split_kv::kMaxSmCount);
+  }
+  const fa::Problem wide = decode(1, 1, 65536, 256);
+  CHECK_FALSE(split_kv::keys_across_warps(wide));
+  CHECK(split_kv::wave_blocks(wide, 132, 3201000, 6016) == 2 * 132);
+  CHECK_FALSE(split_kv::keys_across_warps(decode(1, 5, 65536, 128)));  // 20 packed rows
 }
 
 TEST_CASE("stage12: the split rule fills the GPU, keeps chunks whole and long, and covers every key") {
@@ -188,7 +204,8 @@ TEST_CASE("stage12: one split (enough row tiles to fill the GPU) writes O and th
 TEST_CASE("stage12: causal rows of a packed tile see different keys, and Nq > Nk leaves blind rows") {
   // Each packed tile holds the Nq positions of several heads: under the bottom-right mask its rows see
   // Nk - Nq + 1 .. Nk keys, and with Nq > Nk the first Nq - Nk positions see none (O = 0, LSE = -inf),
-  // also when their chunk sees keys for the other rows. Nq = 63 (the largest this kernel takes), MQA.
+  // also when their chunk sees keys for the other rows. Nq = 63 (the largest this kernel takes), MQA;
+  // and 16 packed rows (the warps split the keys), blind and not.
   for (const auto factory : kStages) {
     const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);
@@ -196,7 +213,8 @@ TEST_CASE("stage12: causal rows of a packed tile see different keys, and Nq > Nk
     for (const fa::Problem problem :
          {fa::Problem{1, 8, 1, 63, 2000, 64, true}, fa::Problem{2, 4, 2, 40, 30, 128, true},
           fa::Problem{1, 2, 1, 20, 1, 64, true}, fa::Problem{3, 4, 4, 1, 1, 32, true},
-          fa::Problem{1, 16, 2, 7, 600, 256, true}, fa::Problem{1, 8, 1, 63, 2000, 100, false}}) {
+          fa::Problem{1, 16, 2, 7, 600, 256, true}, fa::Problem{1, 8, 1, 63, 2000, 100, false},
+          fa::Problem{1, 4, 1, 4, 2, 64, true}, fa::Problem{2, 8, 2, 4, 900, 128, true}}) {
       fa::test::check_stage_on(stage, fa::random_inputs(problem, seed++), 0, /*lse=*/true);
     }
   }

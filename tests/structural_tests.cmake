@@ -101,8 +101,10 @@ fa_add_structural_test(NAME "stage10: PTX overlaps S with P·V (wait_group 1) an
 fa_add_spill_test(NAME "stage10: ptxas spills nothing to local memory (sm_90a)"
   STAGE 10_overlap SOURCE overlap.cu ARCH 90a)
 # Stage 12 needs sm_80: stage 08's mma.sync, ldmatrix and cp.async, now in a split-KV kernel of each
-# head-dim bucket (64, 128, 256) beside the merge kernel. O of one 16-row strip (up to 128 FP32
-# registers at D = 256) and S live in registers: no kernel may spill.
+# head-dim bucket (64, 128, 256) beside the merge kernel; up to D = 128 also the kernel whose warps
+# split the keys (Lb1ELb1E: async copies, keys across warps), and the merge whose four warps share a
+# row (Li4E). O of one 16-row strip (up to 128 FP32 registers at D = 256), Q's fragments up to
+# D = 128 and S live in registers: no kernel may spill.
 foreach(arch 80 90)
   fa_add_structural_test(NAME "stage12: PTX issues mma.sync, ldmatrix and cp.async in every bucket, and a merge kernel (sm_${arch})"
     STAGE 12_split_kv SOURCE split_kv.cu ARCH ${arch}
@@ -112,7 +114,9 @@ foreach(arch 80 90)
     PATTERN "ldmatrix\\.sync\\.aligned\\.m8n8\\.x4\\.trans\\.shared\\.b16"
     PATTERN "cp\\.async\\.cg\\.shared\\.global"
     PATTERN "split_kv_kernel[A-Za-z0-9_]*Li64ELb1E" PATTERN "split_kv_kernel[A-Za-z0-9_]*Li128ELb1E"
-    PATTERN "split_kv_kernel[A-Za-z0-9_]*Li256ELb1E" PATTERN "merge_partials_kernel")
+    PATTERN "split_kv_kernel[A-Za-z0-9_]*Li256ELb1E" PATTERN "merge_partials_kernel"
+    PATTERN "split_kv_kernel[A-Za-z0-9_]*Li64ELb1ELb1E" PATTERN "split_kv_kernel[A-Za-z0-9_]*Li128ELb1ELb1E"
+    PATTERN "merge_partials_kernel[A-Za-z0-9_]*Li128ELi4E")
   fa_add_spill_test(NAME "stage12: ptxas spills nothing to local memory (sm_${arch})"
     STAGE 12_split_kv SOURCE split_kv.cu ARCH ${arch})
 endforeach()

@@ -16,9 +16,11 @@
 //      O = Σ_s 2^(LSE_s − M) · O_s / Σ_s 2^(LSE_s − M), M = max_s LSE_s (README, "The merge").
 //
 // The tile, the fragments, the swizzle and the cp.async ring are stage 08's (one 16-row strip per
-// warp, Q re-read from shared memory every tile: decoding is bound by memory, not registers). On
-// Hopper the merge kernel launches while the split kernel's last blocks still run (programmatic
-// dependent launch), so its launch gap is hidden. split_kv.hpp holds the split rule; a prefill shape
+// warp, Q's fragments held in registers up to D = 128). When the packed rows fit in one strip
+// (Hq/Hkv · Nq <= 16: plain decoding), the four warps share the rows and split each K/V tile's keys
+// instead, and merge their results at the end with the same identity, between warps. On Hopper the
+// merge kernel launches while the split kernel's last blocks still run (programmatic dependent
+// launch), so its launch gap is hidden. split_kv.hpp holds the split rule; a prefill shape
 // (Nq >= 64) runs stage 08's kernel unchanged.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -64,13 +66,15 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-int64_t wave_blocks(int sm_count, int memory_khz, int bus_bits) {
+int64_t wave_blocks(const Problem& problem, int sm_count, int memory_khz, int bus_bits) {
+  const int64_t sms = std::min(sm_count, kMaxSmCount);
+  if (keys_across_warps(problem)) return sms;
   // Peak bandwidth: two transfers a clock (double data rate) over the whole bus.
   const double bytes_per_second = 2.0 * memory_khz * 1e3 * bus_bits / 8;
   const double per_sm = bytes_per_second / std::max(sm_count, 1);
   const auto blocks_per_sm =
       std::clamp<int64_t>(static_cast<int64_t>(std::ceil(per_sm / kBlockBytesPerSecond)), 1, kMaxBlocksPerSm);
-  return std::min(sm_count, kMaxSmCount) * blocks_per_sm;
+  return sms * blocks_per_sm;
 }
 
 KeySplit plan_split(const Problem& problem, int64_t wave_blocks) {
@@ -108,15 +112,16 @@ using kernel::to_element;
 using kernel::wait_copies;
 
 constexpr int kWarpSize = 32;
-constexpr int kStripRows = 16;   // query rows per warp: the M of mma.m16n8k16
-constexpr int kChunkBytes = 16;  // one cp.async, one ldmatrix row
+constexpr int kStripRows = static_cast<int>(split_kv::kStripRows);  // query rows per warp
+constexpr int kChunkBytes = 16;                                     // one cp.async, one ldmatrix row
 constexpr int kChunkElements = kChunkBytes / 2;
 constexpr int kSwizzleRows = 8;  // the swizzle permutes the chunks of every 8 consecutive rows
 constexpr int kMaxDim = 256;
 
 // One head-dim bucket (64, 128 or 256). Four warps of one strip: 64 packed query rows. The ring
 // holds three 64-key stages up to D = 128 (112 KB at D = 128: two blocks per H100/H200 SM) and two
-// 32-key stages at D = 256 (96 KB).
+// 32-key stages at D = 256 (96 KB). Four warps can split a tile's keys when each gets whole 16-key
+// steps of P·V (up to D = 128); Q's fragments fit in registers beside O up to D = 128 too.
 template <int kDim>
 struct Tiling {
   static constexpr int kWarps = 4;
@@ -128,11 +133,13 @@ struct Tiling {
   static constexpr int kQueryTileBytes = kRows * kRowBytes;
   static constexpr int kKvTileBytes = kKeys * kRowBytes;
   static constexpr int kSharedBytes = kQueryTileBytes + kStages * 2 * kKvTileBytes;
+  static constexpr bool kCanSplitKeys = kKeys / kWarps % 16 == 0;
 
   static_assert(kRows == split_kv::kTileRows, "the host's split rule counts tiles of this many rows");
   static_assert(split_kv::kChunkAlign % kKeys == 0, "a chunk is whole K/V tiles");
   static_assert(kDim % (kSwizzleRows * kChunkElements) == 0, "a row is whole groups of 8 chunks");
   static_assert(kSharedBytes <= 163 * 1024, "a block must fit on an A100 (sm_80) too");
+  static_assert(kCanSplitKeys == (kDim <= split_kv::kKeysAcrossWarpsMaxDim), "the host's rule knows which split keys");
 };
 
 // Stage 08's swizzle: chunk c of row r lives at chunk c ^ (r % 8), so the 8 rows of an ldmatrix
@@ -180,6 +187,73 @@ __device__ __forceinline__ void load_tile(Element* tile, const Element* source, 
   }
 }
 
+// The four warps of a block that split the keys hold (m_w, l_w, O_w) of the same 16 rows over
+// different keys, O_w unnormalized: merge them into warp 0's registers with the identity of the
+// merge kernel (README, "The merge"), through `exchange` (the ring's shared memory, free once every
+// warp is done with it): M = max m_w, L = Σ 2^(m_w − M) · l_w, O = Σ 2^(m_w − M) · O_w. A warp with
+// l_w = 0 (none of its keys visible to the row) weighs 0; a row with no visible key keeps L = 0.
+template <int kDim>
+__device__ __forceinline__ void merge_warps(float (&out)[kDim / kMmaKeys][4], float (&row_max)[2], float (&row_sum)[2],
+                                            unsigned char* exchange, int warp, int group, int quad) {
+  using T = Tiling<kDim>;
+  constexpr int kStride = kDim + 8;                     // floats per exchanged row: 8 more shift each row's banks
+  float2* stats = reinterpret_cast<float2*>(exchange);  // [warp][row]: (m, l)
+  float* partial = reinterpret_cast<float*>(exchange) + 2 * T::kWarps * kStripRows;  // [warp - 1][row][dim]
+  static_assert((2 * T::kWarps * kStripRows + (T::kWarps - 1) * kStripRows * kStride) * sizeof(float) <=
+                    T::kStages * 2 * T::kKvTileBytes,
+                "the exchange fits in the ring");
+  __syncthreads();  // every warp is done reading the ring
+  if (quad == 0) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) stats[warp * kStripRows + group + 8 * half] = {row_max[half], row_sum[half]};
+  }
+  __syncthreads();
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = group + 8 * half;
+    float merged_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < T::kWarps; ++w) {
+      const float2 other = stats[w * kStripRows + row];
+      if (other.y > 0.0f) merged_max = fmaxf(merged_max, other.x);
+    }
+    float merged_sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < T::kWarps; ++w) {
+      const float2 other = stats[w * kStripRows + row];
+      if (other.y > 0.0f) merged_sum += fast_exp2(other.x - merged_max) * other.y;
+    }
+    const float weight = row_sum[half] > 0.0f ? fast_exp2(row_max[half] - merged_max) : 0.0f;
+#pragma unroll
+    for (int n = 0; n < kDim / kMmaKeys; ++n) {
+      out[n][2 * half] *= weight;
+      out[n][2 * half + 1] *= weight;
+      if (warp != 0) {
+        *reinterpret_cast<float2*>(&partial[((warp - 1) * kStripRows + row) * kStride + n * kMmaKeys + 2 * quad]) =
+            make_float2(out[n][2 * half], out[n][2 * half + 1]);
+      }
+    }
+    row_max[half] = merged_max;
+    row_sum[half] = merged_sum;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = group + 8 * half;
+#pragma unroll
+    for (int w = 1; w < T::kWarps; ++w) {
+#pragma unroll
+      for (int n = 0; n < kDim / kMmaKeys; ++n) {
+        const float2 other = *reinterpret_cast<const float2*>(
+            &partial[((w - 1) * kStripRows + row) * kStride + n * kMmaKeys + 2 * quad]);
+        out[n][2 * half] += other.x;
+        out[n][2 * half + 1] += other.y;
+      }
+    }
+  }
+}
+
 // Programmatic dependent launch (sm_90 on). A kernel launched with the attribute
 // cudaLaunchAttributeProgrammaticStreamSerialization may start before the kernel ahead of it on the
 // stream has finished: as soon as every block of that kernel has called launch_dependents (or
@@ -201,11 +275,13 @@ __device__ __forceinline__ void wait_for_prerequisite() {
 #endif
 
 // One block: up to 64 packed query rows of one K/V head's group, against one chunk of its keys.
+// kKeysAcrossWarps (at most 16 packed rows): every warp takes those rows against a quarter of each
+// K/V tile's keys, and the warps merge their results before the block writes them.
 // Packed row r is query head g = r / Nq of the group, query position r % Nq; the group's rows are
 // consecutive in Q and O, so packed row r is global row kv_head · (Hq/Hkv · Nq) + r.
 // With `partial_out` null (one split) the block writes O and the LSE itself; otherwise it writes
 // its chunk's normalized output and log-sum-exp (log2 units) for merge_partials_kernel.
-template <typename Element, int kDim, bool kAsync>
+template <typename Element, int kDim, bool kAsync, bool kKeysAcrossWarps>
 __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
     split_kv_kernel(const Element* __restrict__ q, const Element* __restrict__ k, const Element* __restrict__ v,
                     Element* __restrict__ o, float* __restrict__ lse, float* __restrict__ partial_out,
@@ -213,9 +289,13 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
                     int splits, int chunk_keys, int64_t q_rows, bool causal, float scale_log2) {
 #if FA_STAGE12_DEVICE_CODE
   using T = Tiling<kDim>;
+  static_assert(!kKeysAcrossWarps || T::kCanSplitKeys, "each warp's share of a tile is whole 16-key steps");
+  // The keys of a tile one warp computes: all of them, or its quarter.
+  constexpr int kWarpKeys = kKeysAcrossWarps ? T::kKeys / T::kWarps : T::kKeys;
   constexpr int kDimSteps = kDim / kMmaDepth;
-  constexpr int kKeySteps = T::kKeys / kMmaDepth;
-  constexpr int kScoreTiles = T::kKeys / kMmaKeys;
+  constexpr int kKeySteps = kWarpKeys / kMmaDepth;
+  constexpr int kScoreTiles = kWarpKeys / kMmaKeys;
+  constexpr bool kQueryInRegisters = kDim <= 128;  // beside O: up to 64 + 32 registers
   constexpr int kOutTiles = kDim / kMmaKeys;
 
   extern __shared__ __align__(128) unsigned char shared[];
@@ -239,7 +319,11 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
   const int64_t kv_head = head_tile / static_cast<unsigned>(row_tiles);
   const int64_t head_first_row = kv_head * packed_rows;  // global row of packed row 0
   const int tile_first_row = row_tile * T::kRows;
-  const int warp_first_row = tile_first_row + warp * kStripRows;
+  // Each warp's rows (a strip of its own, or all of them strip 0) and where its keys start in every
+  // tile (0, or 16 · warp).
+  const int warp_strip = kKeysAcrossWarps ? 0 : warp;
+  const int warp_first_row = tile_first_row + warp_strip * kStripRows;
+  const int warp_key_offset = kKeysAcrossWarps ? warp * kWarpKeys : 0;
   const bool warp_has_rows = warp_first_row < packed_rows;  // Hq/Hkv · Nq may not fill the tile
 
   // The causal rule (fa/causal.hpp) reads the query position r % Nq of packed row r; the keys it sees
@@ -291,21 +375,32 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
   };
   const unsigned key_lane_offset = offset(lane / 16 * 8 + lane % 8, lane / 8 % 2);
   const unsigned value_lane_offset = offset(lane % 16, lane / 16);
+  const unsigned warp_keys_bytes = warp_key_offset / kMmaDepth * kBlockRowBytes;  // its first key's row
   const unsigned query_lane_address = static_cast<unsigned>(__cvta_generic_to_shared(query_tile)) +
-                                      warp * kStripRows * T::kRowBytes + value_lane_offset;
+                                      warp_strip * kStripRows * T::kRowBytes + value_lane_offset;
   const unsigned ring_base = static_cast<unsigned>(__cvta_generic_to_shared(ring));
 
   // O unnormalized in FP32 tiles; per row (top, bottom) the running max m (log2 units) and this
-  // lane's share of the sum l. A row that sees keys of this chunk sees its first key, in tile 0, so
-  // its max is finite from tile 0 on. A row that sees none of them (causal: its keys end before the
-  // chunk) starts at m = 0 instead of -inf, so its rescale is never 2^(-inf + inf) = NaN: its p are
-  // all 0, and it ends with l = 0.
+  // lane's share of the sum l. A row that sees the warp's first key of this chunk (in tile 0) has a
+  // finite max from tile 0 on. A row that sees none of the warp's keys (causal: its keys end before
+  // them; the rule's keys are a prefix) starts at m = 0 instead of -inf, so its rescale is never
+  // 2^(-inf + inf) = NaN: its p are all 0, and it ends with l = 0.
   float out[kOutTiles][4] = {};
   float row_max[2];
   float row_sum[2] = {};
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    row_max[half] = key_limit(warp_first_row + group + 8 * half) <= chunk_begin ? 0.0f : -INFINITY;
+    row_max[half] = key_limit(warp_first_row + group + 8 * half) <= chunk_begin + warp_key_offset ? 0.0f : -INFINITY;
+  }
+
+  // Q's fragments, loaded once (Q arrived with tile 0) where they fit in registers beside O.
+  unsigned query_held[kQueryInRegisters ? kDimSteps : 1][4];
+  if constexpr (kQueryInRegisters) {
+    wait_copies<T::kStages - 2>();
+    __syncthreads();
+#pragma unroll
+    for (int step = 0; step < kDimSteps; ++step)
+      load_matrices(query_held[step], step_address(query_lane_address, step));
   }
 
 #pragma unroll 1
@@ -315,16 +410,21 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
     if (tile + T::kStages - 1 < tiles) issue_kv_tile(tile + T::kStages - 1);
     commit_copies();
     if (!warp_has_rows) continue;  // a warp of padding rows only keeps the ring going
-    const unsigned key_slot = ring_base + 2 * (tile % T::kStages) * T::kKvTileBytes;
+    const unsigned key_slot = ring_base + 2 * (tile % T::kStages) * T::kKvTileBytes + warp_keys_bytes;
     const unsigned value_slot = key_slot + T::kKvTileBytes;
-    const int key_base = chunk_begin + tile * T::kKeys;
+    const int key_base = chunk_begin + tile * T::kKeys + warp_key_offset;  // the warp's first key
 
-    // S = Q Kᵀ, Q's fragments re-read from shared memory at every 16-dim step.
+    // S = Q Kᵀ, Q's fragments from registers, or re-read from shared memory at every 16-dim step.
     float scores[kScoreTiles][4] = {};
 #pragma unroll
     for (int step = 0; step < kDimSteps; ++step) {
       unsigned query[4];
-      load_matrices(query, step_address(query_lane_address, step));
+      if constexpr (kQueryInRegisters) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) query[i] = query_held[step][i];
+      } else {
+        load_matrices(query, step_address(query_lane_address, step));
+      }
 #pragma unroll
       for (int pair = 0; pair < kKeySteps; ++pair) {
         unsigned keys[4];
@@ -336,7 +436,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
 
     // Stage 08's online softmax on the fragments: mask, row max over the four lanes of a row,
     // rescale l, p = 2^(s · scale · log2 e − m) added into l, P packed as the A fragments of P·V.
-    if (key_base + T::kKeys > unmasked_keys) {
+    if (key_base + kWarpKeys > unmasked_keys) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int limit = key_limit(warp_first_row + group + 8 * half);
@@ -406,6 +506,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
     row_sum[half] += __shfl_xor_sync(kFullWarp, row_sum[half], 1);
     row_sum[half] += __shfl_xor_sync(kFullWarp, row_sum[half], 2);
   }
+  if constexpr (kKeysAcrossWarps) {
+    merge_warps<kDim>(out, row_max, row_sum, shared + T::kQueryTileBytes, warp, group, quad);
+  }
   // The block's rows, normalized by l (0 for a row that saw no key of the chunk: it writes zeros).
   // One split: O in the element type and the LSE in natural-log units. Several: FP32 O_s and
   // LSE_s in log2 units, row `row` of split s at s · (B·Hq·Nq) + row.
@@ -413,7 +516,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
   for (int half = 0; half < 2; ++half) {
     const float sum = row_sum[half];
     const int row = warp_first_row + group + 8 * half;
-    if (row >= packed_rows) continue;
+    if (row >= packed_rows || (kKeysAcrossWarps && warp != 0)) continue;  // warp 0 holds the merged rows
     const float inverse_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
     const float log2_sum_exp = sum > 0.0f ? row_max[half] + log2f(sum) : -INFINITY;
     const int64_t global_row = head_first_row + row;
@@ -447,23 +550,28 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
 #endif
 }
 
-constexpr int kMergeWarps = 4;  // one warp per row
+constexpr int kMergeWarps = 4;
+constexpr int kPartialsInFlight = 8;  // partial rows a warp loads before it uses the first
 
 // Row `row` of O from its `splits` partials: (O_s, LSE_s) with O_s normalized over chunk s and
 // LSE_s = m_s + log2 l_s. Each lane holds dims lane, lane + 32, ... The merge reads every partial
 // once and is bound by the latency of those reads, not their bytes: the loads of kPartialsInFlight
-// splits are issued before any is used, so a row costs splits / kPartialsInFlight round trips.
-template <typename Element, int kDim>
+// splits are issued before any is used, so a warp costs its splits / kPartialsInFlight round trips.
+// With more splits than that, kWarpsPerRow = 4 warps share a row (a block a row), each taking every
+// fourth group of kPartialsInFlight splits, and add their sums through shared memory; otherwise a
+// warp takes a row of its own (four rows a block).
+template <typename Element, int kDim, int kWarpsPerRow>
 __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
     merge_partials_kernel(const float* __restrict__ partial_out, const float* __restrict__ partial_lse,
                           Element* __restrict__ o, float* __restrict__ lse, int64_t q_rows, int dim, int splits) {
 #if FA_STAGE12_DEVICE_CODE
+  static_assert(kMergeWarps % kWarpsPerRow == 0, "a block holds whole rows");
   constexpr int kDimsPerLane = kDim / kWarpSize;
-  constexpr int kPartialsInFlight = 8;  // partial rows loaded before the first is used
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kMergeWarps + warp;
-  if (row >= q_rows) return;  // the whole warp: its row does not exist
+  const int part = warp % kWarpsPerRow;  // this warp's share of the row's splits
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kMergeWarps / kWarpsPerRow) + warp / kWarpsPerRow;
+  if (row >= q_rows) return;  // every warp of the row: it does not exist
   wait_for_prerequisite();    // the split kernel has finished: every partial is written
 
   float merged[kDimsPerLane] = {};  // Σ_s w_s · O_s for this lane's dims
@@ -473,6 +581,8 @@ __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
   // Every block has finished, so M is known before any sum: the max first, then each partial
   // weighed by w_s. A chunk that saw no key of the row has LSE_s = -inf and weighs nothing; a row
   // that sees no key at all has M = -inf, and weighs every chunk 2^(-inf - 0) = 0 instead of NaN.
+  // This warp sums its share of the splits: kPartialsInFlight of them from part · kPartialsInFlight
+  // on, then every kWarpsPerRow · kPartialsInFlight (the row's warps add their sums afterwards).
   constexpr int kMaxSplitsPerLane = static_cast<int>(split_kv::kMaxSplits) / kWarpSize;
   __shared__ float split_weights[kMergeWarps][split_kv::kMaxSplits];
   float split_lse[kMaxSplitsPerLane];  // LSE_s of splits lane, lane + 32, ...
@@ -496,7 +606,7 @@ __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
   for (int width = kWarpSize / 2; width > 0; width /= 2) row_sum += __shfl_xor_sync(kFullWarp, row_sum, width);
   __syncwarp();  // every lane's weights are in shared memory
 #pragma unroll 1
-  for (int first = 0; first < splits; first += kPartialsInFlight) {
+  for (int first = part * kPartialsInFlight; first < splits; first += kWarpsPerRow * kPartialsInFlight) {
     float partial[kPartialsInFlight][kDimsPerLane];
 #pragma unroll
     for (int j = 0; j < kPartialsInFlight; ++j) {
@@ -515,6 +625,18 @@ __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
     }
   }
   // EXERCISE END
+  if constexpr (kWarpsPerRow > 1) {  // the row's warps add their sums into its first warp's
+    __shared__ float shares[kMergeWarps][kDim];
+#pragma unroll
+    for (int d = 0; d < kDimsPerLane; ++d) shares[warp][d * kWarpSize + lane] = merged[d];
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int other = 1; other < kWarpsPerRow; ++other) {
+#pragma unroll
+      for (int d = 0; d < kDimsPerLane; ++d) merged[d] += shares[warp + other][d * kWarpSize + lane];
+    }
+  }
   const float inverse_sum = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
 #pragma unroll
   for (int d = 0; d < kDimsPerLane; ++d) {
@@ -532,7 +654,12 @@ template <typename Element, int kDim, bool kAsync>
 Status launch(const ForwardArgs& args, const split_kv::KeySplit& split, bool early_merge) {
   using T = Tiling<kDim>;
   const Problem& problem = args.problem;
-  const auto kernel = &split_kv_kernel<Element, kDim, kAsync>;
+  const auto kernel = [&]() {
+    if constexpr (T::kCanSplitKeys) {
+      if (split_kv::keys_across_warps(problem)) return &split_kv_kernel<Element, kDim, kAsync, true>;
+    }
+    return &split_kv_kernel<Element, kDim, kAsync, false>;
+  }();
   FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
   const int64_t packed_rows = problem.group_size() * problem.q_seq;
   const int64_t row_tiles = (packed_rows + T::kRows - 1) / T::kRows;
@@ -556,35 +683,43 @@ Status launch(const ForwardArgs& args, const split_kv::KeySplit& split, bool ear
   early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   early.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((problem.q_rows() + kMergeWarps - 1) / kMergeWarps));
+  const bool warps_share_rows = split.splits > kPartialsInFlight;
+  const int64_t rows_per_block = warps_share_rows ? 1 : kMergeWarps;
+  config.gridDim = dim3(static_cast<unsigned>((problem.q_rows() + rows_per_block - 1) / rows_per_block));
   config.blockDim = dim3(kMergeWarps * kWarpSize);
   config.stream = args.stream;
   config.attrs = &early;
   config.numAttrs = early_merge ? 1 : 0;
-  return Status::cuda(cudaLaunchKernelEx(&config, merge_partials_kernel<Element, kDim>,
-                                         static_cast<const float*>(partial_out), static_cast<const float*>(partial_lse),
-                                         static_cast<Element*>(args.o), args.lse, problem.q_rows(),
-                                         static_cast<int>(problem.dim), static_cast<int>(split.splits)));
+  const auto merge_kernel =
+      warps_share_rows ? &merge_partials_kernel<Element, kDim, kMergeWarps> : &merge_partials_kernel<Element, kDim, 1>;
+  return Status::cuda(cudaLaunchKernelEx(&config, merge_kernel, static_cast<const float*>(partial_out),
+                                         static_cast<const float*>(partial_lse), static_cast<Element*>(args.o),
+                                         args.lse, problem.q_rows(), static_cast<int>(problem.dim),
+                                         static_cast<int>(split.splits)));
 }
 
-// The split's wave on `device`, from its attributes. Asking for the memory clock takes the driver
-// about as long as a short decoding step (it is not cached like the SM count), so each device is
-// asked once.
-Status device_wave_blocks(int device, int64_t* wave) {
+// The wave of `problem` on `device`, from the device's attributes. Asking for the memory clock takes
+// the driver about as long as a short decoding step (it is not cached like the SM count), so each
+// device is asked once.
+Status device_wave_blocks(const Problem& problem, int device, int64_t* wave) {
+  struct Attributes {
+    int sm_count = 0;
+    int memory_khz = 0;
+    int bus_bits = 0;
+  };
   static std::mutex mutex;
-  static std::map<int, int64_t> waves;
+  static std::map<int, Attributes> known;
   const std::lock_guard<std::mutex> lock(mutex);
-  if (const auto known = waves.find(device); known != waves.end()) {
-    *wave = known->second;
-    return Status();
+  if (known.find(device) == known.end()) {
+    Attributes asked;
+    FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&asked.sm_count, cudaDevAttrMultiProcessorCount, device)));
+    FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&asked.memory_khz, cudaDevAttrMemoryClockRate, device)));
+    FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&asked.bus_bits, cudaDevAttrGlobalMemoryBusWidth, device)));
+    known[device] = asked;
   }
-  int sm_count = 0;
-  int memory_khz = 0;
-  int bus_bits = 0;
-  FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device)));
-  FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device)));
-  FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device)));
-  *wave = waves[device] = split_kv::wave_blocks(sm_count, memory_khz, bus_bits);
+  const Attributes& device_attributes = known[device];
+  *wave = split_kv::wave_blocks(problem, device_attributes.sm_count, device_attributes.memory_khz,
+                                device_attributes.bus_bits);
   return Status();
 }
 
@@ -600,7 +735,7 @@ Status forward(const ForwardArgs& args) {
   int64_t wave = 0;
   FA_STATUS_TRY(Status::cuda(cudaGetDevice(&device)));
   FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)));
-  FA_STATUS_TRY(device_wave_blocks(device, &wave));
+  FA_STATUS_TRY(device_wave_blocks(problem, device, &wave));
   const split_kv::KeySplit split = split_kv::plan_split(problem, wave);
   if (split.splits > 1 && args.workspace == nullptr) {
     return Status::unsupported("stage 12 needs its workspace for the partial results of a split");

@@ -10,6 +10,11 @@ namespace fa::stages::split_kv {
 
 // Query rows per block: the rows of all query heads of a group, packed (Hq/Hkv · Nq of them).
 constexpr int64_t kTileRows = 64;
+// Rows of one warp's strip (the M of mma.m16n8k16). A tile of at most this many packed rows (plain
+// decoding: Hq/Hkv · Nq <= 16) up to D = kKeysAcrossWarpsMaxDim has its four warps share those rows
+// and split each K/V tile's keys instead, so that every warp computes.
+constexpr int64_t kStripRows = 16;
+constexpr int64_t kKeysAcrossWarpsMaxDim = 128;
 // A chunk of keys is a whole number of K/V tiles (64 keys, or 32 at D = 256) and never shorter
 // than kMinChunkKeys: shorter chunks would write more partial output than they read keys.
 constexpr int64_t kChunkAlign = 64;
@@ -17,26 +22,33 @@ constexpr int64_t kMinChunkKeys = 256;
 constexpr int64_t kMaxSplits = 128;
 // How many blocks per SM the split aims at: as many as it takes to stream the SM's share of the
 // GPU's memory bandwidth, at most the two that fit at D = 128 (112 KB of shared memory each on an
-// H100 or H200). One block streams about kBlockBytesPerSecond: its tile loop (wait for a tile,
-// multiply, softmax, multiply) is not free, and more stages in its ring do not make it faster
-// (measured on an H200 at D = 128: 27-31 GB/s, Nq = 16 .. 1, with 3 to 6 stages). Fewer blocks
-// mean fewer splits: longer chunks and fewer partial rows to write and merge (README, "The split
-// rule").
+// H100 or H200). A block of one strip per warp streams about kBlockBytesPerSecond: its tile loop
+// (wait for a tile, multiply, softmax, multiply) is not free, and more stages in its ring do not make
+// it faster (measured on an H200 at D = 128: 27-31 GB/s, Nq = 16 .. 1, with 3 to 6 stages). A block
+// whose warps split the keys streams an H200 SM's whole share (36 GB/s) alone: one block per SM.
+// Fewer blocks mean fewer splits: longer chunks and fewer partial rows to write and merge (README,
+// "The split rule").
 constexpr double kBlockBytesPerSecond = 30e9;
 constexpr int64_t kMaxBlocksPerSm = 2;
 // The workspace is sized for a GPU of up to this many SMs (an H200 has 132), so that it depends on
 // the problem alone.
 constexpr int kMaxSmCount = 256;
 
-// The blocks one wave holds on a GPU of `sm_count` SMs whose memory runs at `memory_khz` over
-// `bus_bits` bits (its device attributes): min(SMs, kMaxSmCount) times ceil(the SM's share of the
-// peak bandwidth / kBlockBytesPerSecond), that from 1 to kMaxBlocksPerSm. An H100 SXM's SM has
-// 25 GB/s (3.35 TB/s over 132 SMs): one block each; an H200's 36 GB/s (4.8 TB/s): two.
-int64_t wave_blocks(int sm_count, int memory_khz, int bus_bits);
-
 // A head with a full tile of its own query rows (prefill) gains nothing from packing or splitting:
 // stage 08's kernel runs it unchanged.
 inline bool hands_to_stage08(const Problem& problem) { return problem.q_seq >= kTileRows; }
+
+// The block's four warps split the keys of each K/V tile (the packed rows fit in one strip).
+inline bool keys_across_warps(const Problem& problem) {
+  return problem.group_size() * problem.q_seq <= kStripRows && problem.dim <= kKeysAcrossWarpsMaxDim;
+}
+
+// The blocks one wave of `problem` holds on a GPU of `sm_count` SMs whose memory runs at
+// `memory_khz` over `bus_bits` bits (its device attributes): min(SMs, kMaxSmCount) times the blocks
+// per SM. One where the warps split the keys; otherwise ceil(the SM's share of the peak bandwidth /
+// kBlockBytesPerSecond), from 1 to kMaxBlocksPerSm. An H100 SXM's SM has 25 GB/s (3.35 TB/s over 132
+// SMs): one block each; an H200's 36 GB/s (4.8 TB/s): two.
+int64_t wave_blocks(const Problem& problem, int sm_count, int memory_khz, int bus_bits);
 
 struct KeySplit {
   int64_t splits = 1;      // blocks per (K/V head, row tile)
