@@ -8,15 +8,19 @@
                         mma.sync.m16n8k16 alone, from registers (stage 08's instruction; measured by
                         the fa_mma_ceiling executable of stages/08_mma_registers, given --mma-ceiling)
   copy_bandwidth        device-to-device copy of 1 GiB, bytes read plus bytes written per second
+  read_bandwidth        a stream of reads alone, stage 12's K/V tiles with nothing computed (measured
+                        by the fa_read_ceiling executable of stages/12_split_kv, given --read-ceiling):
+                        the fastest any decoding kernel can read K and V
   device_memory, l2_cache_bytes, smem_per_sm_bytes, multiprocessors: facts the notebooks and
                         scripts/traffic.py use (what the memory sweep runs into; the M of the
                         FlashAttention IO analysis)
 
 Random inputs (not zeros: zeros can let the hardware and power management cheat), several
 warm-up runs, then the median of timed runs (CUDA events). Writes ceilings.csv
-(gpu, metric, value, unit), replacing an older one.
+(gpu, metric, value, unit), replacing an older one; with --only, just the metrics named.
 
   python3 scripts/ceilings.py --out plots/data/<gpu>/ceilings.csv
+  python3 scripts/ceilings.py --only read_bandwidth --read-ceiling build/bin/fa_read_ceiling --out DIR/ceilings.csv
 """
 
 import argparse
@@ -58,8 +62,9 @@ def copy_gbps(torch, megabytes, warmup, reps):
     return 2.0 * elements * 4 / (ms / 1e3) / 1e9
 
 
-def mma_sync_rows(binary):
-    """Runs fa_mma_ceiling, which prints lines "metric,value,unit"."""
+def executable_rows(binary):
+    """Runs a ceiling executable (fa_mma_ceiling, fa_read_ceiling), which prints lines
+    "metric,value,unit"."""
     try:
         done = subprocess.run([binary], capture_output=True, text=True, timeout=120, check=False)
     except OSError as error:
@@ -80,6 +85,10 @@ def main():
     parser.add_argument("--copy-mib", type=int, default=1024, help="copied buffer size (default: %(default)s)")
     parser.add_argument("--mma-ceiling", help="the fa_mma_ceiling executable (build/bin/fa_mma_ceiling); "
                                               "without it the mma.sync rows are left out")
+    parser.add_argument("--read-ceiling", help="the fa_read_ceiling executable (build/bin/fa_read_ceiling); "
+                                               "without it the read_bandwidth row is left out")
+    parser.add_argument("--only", help="comma-separated metrics to measure, the others left out (to add one "
+                                       "row to a data set with fa_course.data merge)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
@@ -94,15 +103,22 @@ def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = args.out or os.path.join(root, "plots", "data", results.gpu_folder(gpu), "ceilings.csv")
 
-    rows = [
-        ("fp32_sgemm_tf32_off", matmul_tflops(torch, torch.float32, args.size, args.warmup, args.reps), "TFLOP/s"),
-        ("fp16_tensor_matmul", matmul_tflops(torch, torch.float16, args.size, args.warmup, args.reps), "TFLOP/s"),
-        ("bf16_tensor_matmul", matmul_tflops(torch, torch.bfloat16, args.size, args.warmup, args.reps), "TFLOP/s"),
+    # Each measurement, by the metrics it yields; --only picks some (the facts cost nothing).
+    def matmuls(metric, dtype):
+        return lambda: [(metric, matmul_tflops(torch, dtype, args.size, args.warmup, args.reps), "TFLOP/s")]
+
+    measurements = [
+        (("fp32_sgemm_tf32_off",), matmuls("fp32_sgemm_tf32_off", torch.float32)),
+        (("fp16_tensor_matmul",), matmuls("fp16_tensor_matmul", torch.float16)),
+        (("bf16_tensor_matmul",), matmuls("bf16_tensor_matmul", torch.bfloat16)),
+        (("copy_bandwidth",), lambda: [("copy_bandwidth", copy_gbps(torch, args.copy_mib, args.warmup, args.reps),
+                                        "GB/s")]),
     ]
     if args.mma_ceiling:
-        rows += mma_sync_rows(args.mma_ceiling)
-    rows += [
-        ("copy_bandwidth", copy_gbps(torch, args.copy_mib, args.warmup, args.reps), "GB/s"),
+        measurements.append((("fp16_mma_sync", "bf16_mma_sync"), lambda: executable_rows(args.mma_ceiling)))
+    if args.read_ceiling:
+        measurements.append((("read_bandwidth",), lambda: executable_rows(args.read_ceiling)))
+    facts = [
         ("device_memory", properties.total_memory, "B"),
         ("multiprocessors", properties.multi_processor_count, "count"),
     ]
@@ -111,7 +127,15 @@ def main():
                               ("shared_memory_per_multiprocessor", "smem_per_sm_bytes")):
         value = getattr(properties, attribute, None)
         if value:
-            rows.append((metric, value, "B"))
+            facts.append((metric, value, "B"))
+
+    known = [metric for metrics, _ in measurements for metric in metrics] + [metric for metric, _, _ in facts]
+    only = set(args.only.split(",")) if args.only else set(known)
+    if only - set(known):
+        die(f"--only: no metric {', '.join(sorted(only - set(known)))} here (these are: {', '.join(known)}; "
+            f"the mma.sync and read rows need --mma-ceiling and --read-ceiling)")
+    rows = [row for metrics, measure in measurements if only & set(metrics) for row in measure()]
+    rows += [fact for fact in facts if fact[0] in only]
 
     results.write_ceilings(out, [{"gpu": gpu, "metric": metric, "value": value, "unit": unit}
                                  for metric, value, unit in rows])

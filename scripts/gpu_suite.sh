@@ -16,7 +16,8 @@
 #   memory    one run per N = 2^10 .. 2^20 per GPU stage (2^18 for 02-04) -> OUTDIR/data/memory.csv
 #   torch     PyTorch's SDPA backends beside our stages        -> OUTDIR/data/torch.csv
 #             (a decoding stage's calls also replayed from a CUDA graph -> OUTDIR/data/torch_graph.csv)
-#   ceilings  SGEMM, FP16 tensor-core matmul, copy bandwidth   -> OUTDIR/data/ceilings.csv
+#   ceilings  SGEMM, FP16 tensor-core matmul, copy bandwidth, the mma.sync and read ceilings
+#             (FA_CEILINGS="read_bandwidth ..." measures just those)  -> OUTDIR/data/ceilings.csv
 #   traffic   ncu DRAM and L2 bytes per stage                  -> OUTDIR/data/traffic.csv
 #   exercises every stage's untouched student copy must fail its tests (scripts/check_exercises.sh)
 #   archive   OUTDIR's data, logs and summary as one .tgz (in $FA_ARCHIVE_DIR, default OUTDIR), to
@@ -336,9 +337,11 @@ phase_torch() {
 data_rows() { if [ -f "$out/data/$1" ]; then echo $(($(wc -l <"$out/data/$1") - 1)); else echo 0; fi; }
 
 phase_ceilings() {
-  local mma=()
-  [ -x "$bin/fa_mma_ceiling" ] && mma=(--mma-ceiling "$bin/fa_mma_ceiling")
-  python3 "$repo/scripts/ceilings.py" --out "$out/data/ceilings.csv" "${mma[@]}" >"$out/logs/ceilings.log" 2>&1
+  local tools=()
+  [ -x "$bin/fa_mma_ceiling" ] && tools+=(--mma-ceiling "$bin/fa_mma_ceiling")
+  [ -x "$bin/fa_read_ceiling" ] && tools+=(--read-ceiling "$bin/fa_read_ceiling")
+  [ -n "${FA_CEILINGS:-}" ] && tools+=(--only "$(echo $FA_CEILINGS | tr ' ' ,)")
+  python3 "$repo/scripts/ceilings.py" --out "$out/data/ceilings.csv" "${tools[@]}" >"$out/logs/ceilings.log" 2>&1
   local status=$?
   note "ceilings: $([ $status -eq 0 ] && echo ok || echo FAILED)"
   sed 's/^/  /' "$out/data/ceilings.csv" 2>/dev/null | tee -a "$summary"
