@@ -21,9 +21,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <vector>
 
+#include "fa/cuda_check.hpp"
 #include "fa/kernel/cp_async.cuh"
+#include "fa/timing.hpp"
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define FA_READ_CEILING_DEVICE_CODE 1
@@ -92,37 +93,49 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-bool ok(cudaError_t code, const char* what) {
-  if (code == cudaSuccess) return true;
-  std::fprintf(stderr, "fa_read_ceiling: %s: %s\n", what, cudaGetErrorString(code));
-  return false;
-}
-
 // Median GB/s (bytes read per second) of timed launches of `blocks` blocks after warm-up ones.
-bool measure(int blocks, const unsigned char* keys, const unsigned char* values, int64_t buffer_bytes, int* sink,
-             double& gbps) {
+double measure(int blocks, const unsigned char* keys, const unsigned char* values, int64_t buffer_bytes, int* sink) {
   constexpr int kWarmup = 3;
   constexpr int kReps = 11;
-  cudaEvent_t start = nullptr;
-  cudaEvent_t stop = nullptr;
-  if (!ok(cudaEventCreate(&start), "cudaEventCreate") || !ok(cudaEventCreate(&stop), "cudaEventCreate")) return false;
-  std::vector<float> times;
-  bool fine = true;
-  for (int rep = 0; rep < kWarmup + kReps && fine; ++rep) {
-    fine = ok(cudaEventRecord(start), "cudaEventRecord");
-    stream_tiles<<<blocks, kThreads, kSharedBytes>>>(keys, values, buffer_bytes / kTileBytes, sink);
-    fine = fine && ok(cudaGetLastError(), "launch") && ok(cudaEventRecord(stop), "cudaEventRecord") &&
-           ok(cudaEventSynchronize(stop), "kernel");
-    float ms = 0.0f;
-    fine = fine && ok(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    if (rep >= kWarmup) times.push_back(ms);
+  const fa::Timing timing = fa::time_cuda(
+      [&] {
+        stream_tiles<<<blocks, kThreads, kSharedBytes>>>(keys, values, buffer_bytes / kTileBytes, sink);
+        FA_CUDA_CHECK(cudaGetLastError());
+      },
+      kWarmup, kReps, nullptr);
+  return 2.0 * buffer_bytes / (timing.ms_median / 1e3) / 1e9;
+}
+
+// The device's read ceiling in GB/s; 0 with a message when it has too little free memory. Throws
+// fa::CudaError on a CUDA error.
+double read_ceiling(const cudaDeviceProp& properties) {
+  FA_CUDA_CHECK(cudaFuncSetAttribute(stream_tiles, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  FA_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const int64_t buffer_bytes =
+      std::min<int64_t>(kLargestBufferBytes, static_cast<int64_t>(free_bytes) / 4) / kTileBytes * kTileBytes;
+  if (buffer_bytes < kSmallestBufferBytes) {
+    std::fprintf(stderr, "fa_read_ceiling: %.0f MiB of GPU memory free; it needs at least %lld MiB\n",
+                 free_bytes / 1048576.0, static_cast<long long>(4 * kSmallestBufferBytes >> 20));
+    return 0.0;
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  if (!fine) return false;
-  std::nth_element(times.begin(), times.begin() + kReps / 2, times.end());
-  gbps = 2.0 * buffer_bytes / (times[kReps / 2] / 1e3) / 1e9;
-  return true;
+  unsigned char* keys = nullptr;
+  unsigned char* values = nullptr;
+  int* sink = nullptr;
+  FA_CUDA_CHECK(cudaMalloc(&keys, buffer_bytes));
+  FA_CUDA_CHECK(cudaMalloc(&values, buffer_bytes));
+  FA_CUDA_CHECK(cudaMalloc(&sink, sizeof(int)));
+  const int sms = properties.multiProcessorCount;
+  fill<<<sms * 4, 256>>>(reinterpret_cast<uint32_t*>(keys), buffer_bytes / 4, 0x9e3779b9u);
+  fill<<<sms * 4, 256>>>(reinterpret_cast<uint32_t*>(values), buffer_bytes / 4, 0x7f4a7c15u);
+  FA_CUDA_CHECK(cudaGetLastError());
+  const double gbps =
+      std::max(measure(sms, keys, values, buffer_bytes, sink), measure(2 * sms, keys, values, buffer_bytes, sink));
+  cudaFree(keys);
+  cudaFree(values);
+  cudaFree(sink);
+  return gbps;
 }
 
 }  // namespace
@@ -141,42 +154,16 @@ int main() {
   }
   int memory_khz = 0;
   int bus_bits = 0;
-  if (!ok(cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device), "memory clock") ||
-      !ok(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device), "memory bus width") ||
-      !ok(cudaFuncSetAttribute(stream_tiles, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes),
-          "cudaFuncSetAttribute")) {
+  double gbps = 0.0;
+  try {
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device));
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+    gbps = read_ceiling(properties);
+  } catch (const fa::CudaError& error) {
+    std::fprintf(stderr, "fa_read_ceiling: %s\n", error.what());
     return 5;
   }
-  size_t free_bytes = 0;
-  size_t total_bytes = 0;
-  if (!ok(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo")) return 5;
-  const int64_t buffer_bytes =
-      std::min<int64_t>(kLargestBufferBytes, static_cast<int64_t>(free_bytes) / 4) / kTileBytes * kTileBytes;
-  if (buffer_bytes < kSmallestBufferBytes) {
-    std::fprintf(stderr, "fa_read_ceiling: %.0f MiB of GPU memory free; it needs at least %lld MiB\n",
-                 free_bytes / 1048576.0, static_cast<long long>(4 * kSmallestBufferBytes >> 20));
-    return 5;
-  }
-  unsigned char* keys = nullptr;
-  unsigned char* values = nullptr;
-  int* sink = nullptr;
-  bool fine = ok(cudaMalloc(&keys, buffer_bytes), "cudaMalloc (K)") &&
-              ok(cudaMalloc(&values, buffer_bytes), "cudaMalloc (V)") &&
-              ok(cudaMalloc(&sink, sizeof(int)), "cudaMalloc");
-  const int sms = properties.multiProcessorCount;
-  double one_per_sm = 0.0;
-  double two_per_sm = 0.0;
-  if (fine) {
-    fill<<<sms * 4, 256>>>(reinterpret_cast<uint32_t*>(keys), buffer_bytes / 4, 0x9e3779b9u);
-    fill<<<sms * 4, 256>>>(reinterpret_cast<uint32_t*>(values), buffer_bytes / 4, 0x7f4a7c15u);
-    fine = ok(cudaGetLastError(), "fill") && measure(sms, keys, values, buffer_bytes, sink, one_per_sm) &&
-           measure(2 * sms, keys, values, buffer_bytes, sink, two_per_sm);
-  }
-  cudaFree(keys);
-  cudaFree(values);
-  cudaFree(sink);
-  if (!fine) return 5;
-  const double gbps = std::max(one_per_sm, two_per_sm);
+  if (gbps == 0.0) return 5;
   const double peak_gbps = 2.0 * memory_khz * 1e3 * bus_bits / 8 / 1e9;
   if (gbps > kPeakMargin * peak_gbps) {
     std::fprintf(stderr, "fa_read_ceiling: measured %.1f GB/s, above the memory's peak of %.1f GB/s: a timing error\n",
