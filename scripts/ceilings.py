@@ -36,9 +36,37 @@ from fa_course import results, torch_gpu  # noqa: E402
 PROGRAM = "ceilings"
 
 
+# Every metric this script can write: measured here, measured by an executable (named by its
+# option), or a fact of the device.
+MEASURED = ("fp32_sgemm_tf32_off", "fp16_tensor_matmul", "bf16_tensor_matmul", "copy_bandwidth")
+FROM_EXECUTABLES = {"fp16_mma_sync": "--mma-ceiling", "bf16_mma_sync": "--mma-ceiling",
+                    "read_bandwidth": "--read-ceiling"}
+FACTS = ("device_memory", "multiprocessors", "l2_cache_bytes", "smem_per_sm_bytes")
+
+
 def die(message):
     print(f"{PROGRAM}: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def chosen_metrics(only, given_options):
+    """The metrics to write: all of them when `only` is empty, else the comma-separated names in it.
+    `given_options` holds the executables' options given (--mma-ceiling, --read-ceiling); a metric
+    whose executable is missing is left out of "all" and refused when named. Raises ValueError with
+    the reason for a name it does not know or cannot measure, before anything touches the GPU."""
+    available = list(MEASURED) + [m for m, option in FROM_EXECUTABLES.items() if option in given_options]
+    available += list(FACTS)
+    if not only:
+        return set(available)
+    names = {name.strip() for name in only.split(",") if name.strip()}
+    unknown = sorted(names - set(MEASURED) - set(FROM_EXECUTABLES) - set(FACTS))
+    if unknown:
+        raise ValueError(f"--only: no metric {', '.join(unknown)} (these are: "
+                         f"{', '.join(list(MEASURED) + list(FROM_EXECUTABLES) + list(FACTS))})")
+    missing = sorted(name for name in names if name in FROM_EXECUTABLES and name not in available)
+    if missing:
+        raise ValueError(f"--only: {', '.join(f'{name} needs {FROM_EXECUTABLES[name]}' for name in missing)}")
+    return names
 
 
 def median_ms(torch, run, warmup, reps):
@@ -92,6 +120,12 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
+    given = {option for option, value in (("--mma-ceiling", args.mma_ceiling), ("--read-ceiling", args.read_ceiling))
+             if value}
+    try:
+        only = chosen_metrics(args.only, given)
+    except ValueError as error:
+        die(str(error))
 
     try:
         torch = torch_gpu.load_torch()
@@ -129,11 +163,6 @@ def main():
         if value:
             facts.append((metric, value, "B"))
 
-    known = [metric for metrics, _ in measurements for metric in metrics] + [metric for metric, _, _ in facts]
-    only = set(args.only.split(",")) if args.only else set(known)
-    if only - set(known):
-        die(f"--only: no metric {', '.join(sorted(only - set(known)))} here (these are: {', '.join(known)}; "
-            f"the mma.sync and read rows need --mma-ceiling and --read-ceiling)")
     rows = [row for metrics, measure in measurements if only & set(metrics) for row in measure()]
     rows += [fact for fact in facts if fact[0] in only]
 

@@ -1,5 +1,5 @@
-"""The scripts that use the package, where they run without a GPU: traffic.py's prediction and
-summarize_results.py's table."""
+"""The scripts that use the package, where they run without a GPU: traffic.py's prediction,
+summarize_results.py's table and ceilings.py's choice of metrics."""
 
 import importlib.util
 import os
@@ -82,3 +82,36 @@ class Summary(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CeilingsChoice(unittest.TestCase):
+    def setUp(self):
+        self.ceilings = load_script("ceilings")
+
+    def test_all_leaves_out_the_rows_of_executables_not_given(self):
+        chosen = self.ceilings.chosen_metrics(None, set())
+        self.assertIn("copy_bandwidth", chosen)
+        self.assertIn("device_memory", chosen)
+        self.assertNotIn("read_bandwidth", chosen)
+        self.assertNotIn("fp16_mma_sync", chosen)
+        self.assertIn("read_bandwidth", self.ceilings.chosen_metrics("", {"--read-ceiling"}))
+
+    def test_only_names_some(self):
+        self.assertEqual(self.ceilings.chosen_metrics("read_bandwidth", {"--read-ceiling"}), {"read_bandwidth"})
+        self.assertEqual(self.ceilings.chosen_metrics(" copy_bandwidth, multiprocessors ", set()),
+                         {"copy_bandwidth", "multiprocessors"})
+
+    def test_unknown_or_unmeasurable_names_are_refused(self):
+        with self.assertRaisesRegex(ValueError, "no metric read_bandwith"):
+            self.ceilings.chosen_metrics("read_bandwith", {"--read-ceiling"})
+        with self.assertRaisesRegex(ValueError, "read_bandwidth needs --read-ceiling"):
+            self.ceilings.chosen_metrics("read_bandwidth,copy_bandwidth", {"--mma-ceiling"})
+
+    def test_the_refusal_is_one_line_before_the_gpu_is_touched(self):
+        done = subprocess.run([sys.executable, os.path.join(SCRIPTS, "ceilings.py"), "--only", "bogus"],
+                              capture_output=True, text=True, timeout=60, check=False)
+        self.assertEqual(done.returncode, 2)
+        self.assertEqual(done.stdout, "")
+        self.assertEqual(len(done.stderr.strip().splitlines()), 1)
+        self.assertIn("no metric bogus", done.stderr)
+
