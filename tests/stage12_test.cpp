@@ -40,27 +40,54 @@ fa::Problem decode(int64_t batch, int64_t q_seq, int64_t kv_seq, int64_t dim, bo
   return {batch, 32, 8, q_seq, kv_seq, dim, causal};
 }
 
-// The splits this GPU uses for `problem`: the stage reads the same three attributes.
+// The splits this GPU uses for `problem` (Q, K and V from cudaMalloc: 16-byte aligned): the stage
+// reads the same attributes.
 int64_t splits_here(const fa::Problem& problem) {
   int device = 0;
   int sm_count = 0;
   int memory_khz = 0;
   int bus_bits = 0;
+  int major = 0;
+  int minor = 0;
   REQUIRE(cudaGetDevice(&device) == cudaSuccess);
   REQUIRE(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
   REQUIRE(cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess);
   REQUIRE(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess);
-  return split_kv::plan_split(problem, split_kv::wave_blocks(problem, sm_count, memory_khz, bus_bits)).splits;
+  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess);
+  const split_kv::BlockKernel kernel = split_kv::block_kernel(problem, major == 9 && minor == 0, problem.dim % 8 == 0);
+  return split_kv::plan_split(problem, split_kv::wave_blocks(kernel, sm_count, memory_khz, bus_bits)).splits;
 }
 
 }  // namespace
 
+TEST_CASE("stage12: which kernel a block runs") {
+  // Needs no device. Up to 16 packed rows (Nq <= 4 at Hq/Hkv = 4) and D = 128 the warps split the
+  // keys, on any GPU; more rows take a strip per warp, or on an H100 or H200 (hopper) one wgmma tile,
+  // up to D = 128 on the cp.async path.
+  using split_kv::BlockKernel;
+  for (const bool hopper : {false, true}) {
+    for (const int64_t q_seq : {1, 4}) {
+      CHECK(split_kv::keys_across_warps(decode(16, q_seq, 65536, 128)));
+      CHECK(split_kv::block_kernel(decode(16, q_seq, 65536, 128), hopper, true) == BlockKernel::keys_across_warps);
+    }
+    CHECK(split_kv::block_kernel(decode(1, 1, 65536, 256), hopper, true) == BlockKernel::strip_per_warp);
+  }
+  CHECK_FALSE(split_kv::keys_across_warps(decode(1, 5, 65536, 128)));  // 20 packed rows
+  for (const int64_t dim : {8, 64, 120, 128}) {
+    CHECK(split_kv::block_kernel(decode(1, 16, 65536, dim), true, true) == BlockKernel::wgmma);
+    CHECK(split_kv::block_kernel(decode(1, 16, 65536, dim), false, true) == BlockKernel::strip_per_warp);
+    CHECK(split_kv::block_kernel(decode(1, 16, 65536, dim), true, false) == BlockKernel::strip_per_warp);
+  }
+  CHECK(split_kv::block_kernel(decode(1, 5, 4096, 128), true, true) == BlockKernel::wgmma);
+  CHECK(split_kv::block_kernel(decode(1, 16, 65536, 136), true, true) == BlockKernel::strip_per_warp);
+}
+
 TEST_CASE("stage12: blocks per SM follow the SM's share of the memory bandwidth") {
   // Needs no device. The attributes the lent H100 SXM (2619 MHz over 5120 bits: 3.35 TB/s) and
-  // H200 (3201 MHz over 6016 bits: 4.81 TB/s) report, 132 SMs each. Nq = 16 packs 64 rows: a strip
-  // per warp.
-  const fa::Problem strips = decode(1, 16, 65536, 128);
-  CHECK_FALSE(split_kv::keys_across_warps(strips));
+  // H200 (3201 MHz over 6016 bits: 4.81 TB/s) report, 132 SMs each.
+  using split_kv::BlockKernel;
+  const BlockKernel strips = BlockKernel::strip_per_warp;
   CHECK(split_kv::wave_blocks(strips, 132, 2619000, 5120) == 132);
   CHECK(split_kv::wave_blocks(strips, 132, 3201000, 6016) == 2 * 132);
   // No bandwidth reported: one block per SM; any bandwidth: at most the blocks that fit.
@@ -68,19 +95,15 @@ TEST_CASE("stage12: blocks per SM follow the SM's share of the memory bandwidth"
   CHECK(split_kv::wave_blocks(strips, 16, 3201000, 6016) == split_kv::kMaxBlocksPerSm * 16);
   // A GPU past kMaxSmCount plans as one of kMaxSmCount SMs (the workspace is sized for that).
   CHECK(split_kv::wave_blocks(strips, 1000, 1000000, 1024) == split_kv::kMaxSmCount);
-  // Up to 16 packed rows (Nq <= 4 at Hq/Hkv = 4) the warps split the keys: one block per SM on
-  // either GPU; at D = 256 they cannot (32-key tiles), and the bandwidth rule holds.
-  for (const int64_t q_seq : {1, 4}) {
-    const fa::Problem one_strip = decode(16, q_seq, 65536, 128);
-    CHECK(split_kv::keys_across_warps(one_strip));
-    CHECK(split_kv::wave_blocks(one_strip, 132, 2619000, 5120) == 132);
-    CHECK(split_kv::wave_blocks(one_strip, 132, 3201000, 6016) == 132);
-    CHECK(split_kv::wave_blocks(one_strip, 1000, 3201000, 6016) == split_kv::kMaxSmCount);
+  // A block whose warps split the keys, or a wgmma block, streams an SM's share alone.
+  for (const BlockKernel alone : {BlockKernel::keys_across_warps, BlockKernel::wgmma}) {
+    const int64_t per_sm = alone == BlockKernel::wgmma ? split_kv::kWgmmaBlocksPerSm : 1;
+    CHECK(split_kv::wave_blocks(alone, 132, 2619000, 5120) == per_sm * 132);
+    CHECK(split_kv::wave_blocks(alone, 132, 3201000, 6016) == per_sm * 132);
+    CHECK(split_kv::wave_blocks(alone, 1000, 3201000, 6016) == per_sm * split_kv::kMaxSmCount);
   }
-  const fa::Problem wide = decode(1, 1, 65536, 256);
-  CHECK_FALSE(split_kv::keys_across_warps(wide));
-  CHECK(split_kv::wave_blocks(wide, 132, 3201000, 6016) == 2 * 132);
-  CHECK_FALSE(split_kv::keys_across_warps(decode(1, 5, 65536, 128)));  // 20 packed rows
+  // The workspace is sized for the largest wave of any kernel.
+  CHECK(split_kv::kWgmmaBlocksPerSm <= split_kv::kMaxBlocksPerSm);
 }
 
 TEST_CASE("stage12: the split rule fills the GPU, keeps chunks whole and long, and covers every key") {

@@ -125,3 +125,17 @@ endforeach()
 fa_add_structural_test(NAME "stage12: the merge kernel launches early and waits for the split kernel (sm_90)"
   STAGE 12_split_kv SOURCE split_kv.cu ARCH 90
   PATTERN "griddepcontrol\\.launch_dependents" PATTERN "griddepcontrol\\.wait")
+# On an H100 or H200 a tile of more than one strip runs on wgmma (split_kv_wgmma.cu, sm_90a alone):
+# S = Q·Kᵀ at 64 keys with both operands in shared memory and O += P·V with P in registers (the
+# D = 128 bucket), in both precisions; the cp.async ring fenced for the async proxy before wgmma
+# reads it; the early launch of the merge. O (64 FP32 registers at D = 128) and S stay in registers.
+fa_add_structural_test(NAME "stage12: on Hopper a 64-row tile runs on wgmma, its cp.async ring fenced for the async proxy (sm_90a)"
+  STAGE 12_split_kv SOURCE split_kv_wgmma.cu ARCH 90a
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k16\\.f32\\.f16\\.f16"
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k16\\.f32\\.bf16\\.bf16"
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k16\\.f32\\.f16\\.f16 [{][^}]*[}], [{]%r[0-9]+, %r[0-9]+, %r[0-9]+, %r[0-9]+[}]"
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k16\\.f32\\.bf16\\.bf16 [{][^}]*[}], [{]%r[0-9]+, %r[0-9]+, %r[0-9]+, %r[0-9]+[}]"
+  PATTERN "cp\\.async\\.cg\\.shared\\.global" PATTERN "fence\\.proxy\\.async\\.shared::cta"
+  PATTERN "griddepcontrol\\.launch_dependents")
+fa_add_spill_test(NAME "stage12: the wgmma kernel spills nothing to local memory (sm_90a)"
+  STAGE 12_split_kv SOURCE split_kv_wgmma.cu ARCH 90a)

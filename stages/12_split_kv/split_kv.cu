@@ -44,6 +44,7 @@
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
 #include "split_kv.hpp"
+#include "split_kv_device.cuh"
 
 // sm_80 instructions (mma.sync in BF16, cp.async). Older targets compile a trap: the runner never
 // launches this stage there (its descriptor says sm_80+).
@@ -66,9 +67,16 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-int64_t wave_blocks(const Problem& problem, int sm_count, int memory_khz, int bus_bits) {
+BlockKernel block_kernel(const Problem& problem, bool hopper, bool async_copies) {
+  if (keys_across_warps(problem)) return BlockKernel::keys_across_warps;
+  if (hopper && async_copies && problem.dim <= kWgmmaMaxDim) return BlockKernel::wgmma;
+  return BlockKernel::strip_per_warp;
+}
+
+int64_t wave_blocks(BlockKernel kernel, int sm_count, int memory_khz, int bus_bits) {
   const int64_t sms = std::min(sm_count, kMaxSmCount);
-  if (keys_across_warps(problem)) return sms;
+  if (kernel == BlockKernel::keys_across_warps) return sms;
+  if (kernel == BlockKernel::wgmma) return sms * kWgmmaBlocksPerSm;
   // Peak bandwidth: two transfers a clock (double data rate) over the whole bus.
   const double bytes_per_second = 2.0 * memory_khz * 1e3 * bus_bits / 8;
   const double per_sm = bytes_per_second / std::max(sm_count, 1);
@@ -110,8 +118,10 @@ using kernel::mma_16x8x16;
 using kernel::pack_pair;
 using kernel::to_element;
 using kernel::wait_copies;
+using split_kv::kFullWarp;
+using split_kv::kLn2;
+using split_kv::kWarpSize;
 
-constexpr int kWarpSize = 32;
 constexpr int kStripRows = static_cast<int>(split_kv::kStripRows);  // query rows per warp
 constexpr int kChunkBytes = 16;                                     // one cp.async, one ldmatrix row
 constexpr int kChunkElements = kChunkBytes / 2;
@@ -150,10 +160,8 @@ __device__ __forceinline__ int swizzled_chunk_index(int row, int chunk) {
 }
 
 #if FA_STAGE12_DEVICE_CODE
-constexpr int kMmaDepth = 16;  // the K of mma.m16n8k16: 16 dims for QKᵀ, 16 keys for PV
-constexpr int kMmaKeys = 8;    // keys (or dims) per FP32 accumulator tile: the N of mma.m16n8k16
-constexpr unsigned kFullWarp = 0xffffffffu;
-constexpr float kLn2 = 0.6931471805599453f;  // LSE = log2-sum-exp · ln 2
+constexpr int kMmaDepth = 16;                            // the K of mma.m16n8k16: 16 dims for QKᵀ, 16 keys for PV
+constexpr int kMmaKeys = split_kv::kAccumulatorColumns;  // keys (or dims) per FP32 accumulator tile
 
 // Loads kRows rows of a (rows × dim) matrix into a swizzled tile, zeros past `valid_rows` and past
 // `dim`. With kAsync, 16-byte cp.async copies (the caller commits and waits): consecutive threads take
@@ -187,13 +195,19 @@ __device__ __forceinline__ void load_tile(Element* tile, const Element* source, 
   }
 }
 
+// Tile j (4 floats) of a thread's accumulator array (split_kv_device.cuh's layout), as
+// mma_16x8x16 takes it.
+__device__ __forceinline__ float (&accumulator_tile(float* accumulators, int j))[4] {
+  return *reinterpret_cast<float(*)[4]>(accumulators + 4 * j);
+}
+
 // The four warps of a block that split the keys hold (m_w, l_w, O_w) of the same 16 rows over
 // different keys, O_w unnormalized: merge them into warp 0's registers with the identity of the
 // merge kernel (README, "The merge"), through `exchange` (the ring's shared memory, free once every
 // warp is done with it): M = max m_w, L = Σ 2^(m_w − M) · l_w, O = Σ 2^(m_w − M) · O_w. A warp with
 // l_w = 0 (none of its keys visible to the row) weighs 0; a row with no visible key keeps L = 0.
 template <int kDim>
-__device__ __forceinline__ void merge_warps(float (&out)[kDim / kMmaKeys][4], float (&row_max)[2], float (&row_sum)[2],
+__device__ __forceinline__ void merge_warps(float (&out)[kDim / 2], float (&row_max)[2], float (&row_sum)[2],
                                             unsigned char* exchange, int warp, int group, int quad) {
   using T = Tiling<kDim>;
   constexpr int kStride = kDim + 8;                     // floats per exchanged row: 8 more shift each row's banks
@@ -226,11 +240,11 @@ __device__ __forceinline__ void merge_warps(float (&out)[kDim / kMmaKeys][4], fl
     const float weight = row_sum[half] > 0.0f ? fast_exp2(row_max[half] - merged_max) : 0.0f;
 #pragma unroll
     for (int n = 0; n < kDim / kMmaKeys; ++n) {
-      out[n][2 * half] *= weight;
-      out[n][2 * half + 1] *= weight;
+      out[4 * n + 2 * half] *= weight;
+      out[4 * n + 2 * half + 1] *= weight;
       if (warp != 0) {
         *reinterpret_cast<float2*>(&partial[((warp - 1) * kStripRows + row) * kStride + n * kMmaKeys + 2 * quad]) =
-            make_float2(out[n][2 * half], out[n][2 * half + 1]);
+            make_float2(out[4 * n + 2 * half], out[4 * n + 2 * half + 1]);
       }
     }
     row_max[half] = merged_max;
@@ -247,40 +261,21 @@ __device__ __forceinline__ void merge_warps(float (&out)[kDim / kMmaKeys][4], fl
       for (int n = 0; n < kDim / kMmaKeys; ++n) {
         const float2 other = *reinterpret_cast<const float2*>(
             &partial[((w - 1) * kStripRows + row) * kStride + n * kMmaKeys + 2 * quad]);
-        out[n][2 * half] += other.x;
-        out[n][2 * half + 1] += other.y;
+        out[4 * n + 2 * half] += other.x;
+        out[4 * n + 2 * half + 1] += other.y;
       }
     }
   }
 }
 
-// Programmatic dependent launch (sm_90 on). A kernel launched with the attribute
-// cudaLaunchAttributeProgrammaticStreamSerialization may start before the kernel ahead of it on the
-// stream has finished: as soon as every block of that kernel has called launch_dependents (or
-// exited). Before it reads what that kernel wrote it calls wait_for_prerequisite, which returns once
-// that kernel has finished and its writes are visible. On older GPUs both are no-ops, and the launch
-// is an ordinary one.
-__device__ __forceinline__ void launch_dependents() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void wait_for_prerequisite() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 #endif
 
-// One block: up to 64 packed query rows of one K/V head's group, against one chunk of its keys.
-// kKeysAcrossWarps (at most 16 packed rows): every warp takes those rows against a quarter of each
-// K/V tile's keys, and the warps merge their results before the block writes them.
-// Packed row r is query head g = r / Nq of the group, query position r % Nq; the group's rows are
-// consecutive in Q and O, so packed row r is global row kv_head · (Hq/Hkv · Nq) + r.
-// With `partial_out` null (one split) the block writes O and the LSE itself; otherwise it writes
-// its chunk's normalized output and log-sum-exp (log2 units) for merge_partials_kernel.
+// One block: up to 64 packed query rows of one K/V head's group (split_kv_device.cuh, SplitBlock),
+// against one chunk of its keys. kKeysAcrossWarps (at most 16 packed rows): every warp takes those
+// rows against a quarter of each K/V tile's keys, and the warps merge their results before the
+// block writes them. With `partial_out` null (one split) the block writes O and the LSE itself;
+// otherwise it writes its chunk's normalized output and log-sum-exp (log2 units) for
+// merge_partials_kernel.
 template <typename Element, int kDim, bool kAsync, bool kKeysAcrossWarps>
 __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
     split_kv_kernel(const Element* __restrict__ q, const Element* __restrict__ k, const Element* __restrict__ v,
@@ -296,7 +291,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
   constexpr int kKeySteps = kWarpKeys / kMmaDepth;
   constexpr int kScoreTiles = kWarpKeys / kMmaKeys;
   constexpr bool kQueryInRegisters = kDim <= 128;  // beside O: up to 64 + 32 registers
-  constexpr int kOutTiles = kDim / kMmaKeys;
+  using namespace split_kv;                        // the device helpers both split kernels share (split_kv_device.cuh)
 
   extern __shared__ __align__(128) unsigned char shared[];
   Element* query_tile = reinterpret_cast<Element*>(shared);
@@ -308,44 +303,21 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
   const int group = lane / 4;  // accumulator rows `group` and `group + 8`
   const int quad = lane % 4;   // accumulator columns 2·quad and 2·quad + 1
 
-  // Block = (K/V head · row tiles + row tile) · splits + split: the splits of one tile are
-  // neighbours, and so are the row tiles of one head.
-  __builtin_assume(splits > 0);
-  __builtin_assume(row_tiles > 0);
-  const unsigned block = blockIdx.x;
-  const int split = static_cast<int>(block % static_cast<unsigned>(splits));
-  const unsigned head_tile = block / static_cast<unsigned>(splits);
-  const int row_tile = static_cast<int>(head_tile % static_cast<unsigned>(row_tiles));
-  const int64_t kv_head = head_tile / static_cast<unsigned>(row_tiles);
-  const int64_t head_first_row = kv_head * packed_rows;  // global row of packed row 0
-  const int tile_first_row = row_tile * T::kRows;
+  const SplitBlock work = split_block(blockIdx.x, splits, row_tiles, packed_rows, T::kRows);
+  const BlockKeys keys = block_keys(work, packed_rows, T::kRows, T::kKeys, q_seq, kv_seq, causal, chunk_keys);
   // Each warp's rows (a strip of its own, or all of them strip 0) and where its keys start in every
   // tile (0, or 16 · warp).
   const int warp_strip = kKeysAcrossWarps ? 0 : warp;
-  const int warp_first_row = tile_first_row + warp_strip * kStripRows;
+  const int warp_first_row = work.tile_first_row + warp_strip * kStripRows;
   const int warp_key_offset = kKeysAcrossWarps ? warp * kWarpKeys : 0;
   const bool warp_has_rows = warp_first_row < packed_rows;  // Hq/Hkv · Nq may not fill the tile
-
-  // The causal rule (fa/causal.hpp) reads the query position r % Nq of packed row r; the keys it sees
-  // end below this limit (at most Nk; 0 or less for a row that sees none).
+  // The keys packed row `row` sees end below this limit (at most Nk; 0 or less for none).
   const auto key_limit = [&](int row) { return visible_key_limit(row % q_seq, q_seq, kv_seq, causal); };
-  // The tile's rows cover query positions first..last, or every position when they wrap around.
-  const int tile_last_row = min(packed_rows, tile_first_row + T::kRows) - 1;
-  const int first_position = tile_first_row % q_seq;
-  const int last_position = tile_last_row % q_seq;
-  const bool all_positions = tile_last_row - tile_first_row + 1 >= q_seq || last_position < first_position;
-  // Keys any row of the tile sees (the chunks past them load nothing), and keys every row sees
-  // (tiles below them need no mask).
-  const int key_end = max(0, key_limit(all_positions ? q_seq - 1 : tile_last_row));
-  const int unmasked_keys = key_limit(all_positions ? 0 : tile_first_row);
-  const int chunk_begin = split * chunk_keys;
-  const int chunk_end = min(key_end, chunk_begin + chunk_keys);
-  const int tiles = chunk_end > chunk_begin ? (chunk_end - chunk_begin + T::kKeys - 1) / T::kKeys : 0;
 
-  const int64_t kv_offset = kv_head * kv_seq * dim;
+  const int64_t kv_offset = work.kv_head * kv_seq * dim;
   const auto issue_kv_tile = [&](int tile) {
     Element* key_slot = ring + 2 * (tile % T::kStages) * kTileElements;
-    const int key_base = chunk_begin + tile * T::kKeys;
+    const int key_base = keys.begin + tile * T::kKeys;
     const int valid_keys = min(T::kKeys, kv_seq - key_base);
     const int64_t offset = kv_offset + static_cast<int64_t>(key_base) * dim;
     load_tile<Element, kDim, T::kKeys, kAsync>(key_slot, k + offset, valid_keys, dim);
@@ -353,11 +325,11 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
   };
 
   // The prologue (stage 07's ring): Q joins the first group of copies, then all but one slot fill.
-  load_tile<Element, kDim, T::kRows, kAsync>(query_tile, q + (head_first_row + tile_first_row) * dim,
-                                             packed_rows - tile_first_row, dim);
+  load_tile<Element, kDim, T::kRows, kAsync>(query_tile, q + (work.head_first_row + work.tile_first_row) * dim,
+                                             packed_rows - work.tile_first_row, dim);
 #pragma unroll
   for (int tile = 0; tile < T::kStages - 1; ++tile) {
-    if (tile < tiles) issue_kv_tile(tile);
+    if (tile < keys.tiles) issue_kv_tile(tile);
     commit_copies();
   }
 
@@ -385,12 +357,12 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
   // finite max from tile 0 on. A row that sees none of the warp's keys (causal: its keys end before
   // them; the rule's keys are a prefix) starts at m = 0 instead of -inf, so its rescale is never
   // 2^(-inf + inf) = NaN: its p are all 0, and it ends with l = 0.
-  float out[kOutTiles][4] = {};
+  float out[kDim / 2] = {};
   float row_max[2];
   float row_sum[2] = {};
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    row_max[half] = key_limit(warp_first_row + group + 8 * half) <= chunk_begin + warp_key_offset ? 0.0f : -INFINITY;
+    row_max[half] = key_limit(warp_first_row + group + 8 * half) <= keys.begin + warp_key_offset ? 0.0f : -INFINITY;
   }
 
   // Q's fragments, loaded once (Q arrived with tile 0) where they fit in registers beside O.
@@ -404,18 +376,18 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
   }
 
 #pragma unroll 1
-  for (int tile = 0; tile < tiles; ++tile) {
+  for (int tile = 0; tile < keys.tiles; ++tile) {
     wait_copies<T::kStages - 2>();
     __syncthreads();  // tile `tile` is visible to all; every warp is done with the slot refilled next
-    if (tile + T::kStages - 1 < tiles) issue_kv_tile(tile + T::kStages - 1);
+    if (tile + T::kStages - 1 < keys.tiles) issue_kv_tile(tile + T::kStages - 1);
     commit_copies();
     if (!warp_has_rows) continue;  // a warp of padding rows only keeps the ring going
     const unsigned key_slot = ring_base + 2 * (tile % T::kStages) * T::kKvTileBytes + warp_keys_bytes;
     const unsigned value_slot = key_slot + T::kKvTileBytes;
-    const int key_base = chunk_begin + tile * T::kKeys + warp_key_offset;  // the warp's first key
+    const int key_base = keys.begin + tile * T::kKeys + warp_key_offset;  // the warp's first key
 
     // S = Q Kᵀ, Q's fragments from registers, or re-read from shared memory at every 16-dim step.
-    float scores[kScoreTiles][4] = {};
+    float scores[4 * kScoreTiles] = {};
 #pragma unroll
     for (int step = 0; step < kDimSteps; ++step) {
       unsigned query[4];
@@ -427,120 +399,47 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
       }
 #pragma unroll
       for (int pair = 0; pair < kKeySteps; ++pair) {
-        unsigned keys[4];
-        load_matrices(keys, step_address(key_slot + key_lane_offset, step) + pair * kBlockRowBytes);
-        mma_16x8x16<Element>(scores[2 * pair], query, keys[0], keys[1]);
-        mma_16x8x16<Element>(scores[2 * pair + 1], query, keys[2], keys[3]);
+        unsigned key_fragments[4];
+        load_matrices(key_fragments, step_address(key_slot + key_lane_offset, step) + pair * kBlockRowBytes);
+        mma_16x8x16<Element>(accumulator_tile(scores, 2 * pair), query, key_fragments[0], key_fragments[1]);
+        mma_16x8x16<Element>(accumulator_tile(scores, 2 * pair + 1), query, key_fragments[2], key_fragments[3]);
       }
     }
 
-    // Stage 08's online softmax on the fragments: mask, row max over the four lanes of a row,
-    // rescale l, p = 2^(s · scale · log2 e − m) added into l, P packed as the A fragments of P·V.
-    if (key_base + kWarpKeys > unmasked_keys) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int limit = key_limit(warp_first_row + group + 8 * half);
-#pragma unroll
-        for (int j = 0; j < kScoreTiles; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if (key_base + j * kMmaKeys + 2 * quad + e >= limit) scores[j][2 * half + e] = -INFINITY;
-          }
-        }
-      }
+    // Stage 08's online softmax on the fragments (split_kv_device.cuh): mask, row max, rescale l,
+    // p = 2^(s · scale · log2 e − m) added into l, P packed as the A fragments of P·V.
+    if (key_base + kWarpKeys > keys.unmasked) {
+      mask_scores<kScoreTiles>(scores, key_base + 2 * quad, key_limit(warp_first_row + group),
+                               key_limit(warp_first_row + group + 8));
     }
     float rescale[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kScoreTiles; ++j)
-        tile_max = fmaxf(tile_max, fmaxf(scores[j][2 * half], scores[j][2 * half + 1]));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 2));
-      const float new_max = fmaxf(row_max[half], tile_max * scale_log2);
-      rescale[half] = fast_exp2(row_max[half] - new_max);
-      row_max[half] = new_max;
-      row_sum[half] *= rescale[half];
-    }
-#pragma unroll
-    for (int j = 0; j < kScoreTiles; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        scores[j][e] = fast_exp2(fmaf(scores[j][e], scale_log2, -row_max[e / 2]));
-        row_sum[e / 2] += scores[j][e];
-      }
-    }
+    online_softmax<kScoreTiles>(scores, row_max, row_sum, rescale, scale_log2);
     unsigned probs[kKeySteps][4];
+    pack_probabilities<Element, kKeySteps>(scores, probs);
 #pragma unroll
-    for (int j = 0; j < kKeySteps; ++j) {
-      probs[j][0] = pack_pair<Element>(scores[2 * j][0], scores[2 * j][1]);
-      probs[j][1] = pack_pair<Element>(scores[2 * j][2], scores[2 * j][3]);
-      probs[j][2] = pack_pair<Element>(scores[2 * j + 1][0], scores[2 * j + 1][1]);
-      probs[j][3] = pack_pair<Element>(scores[2 * j + 1][2], scores[2 * j + 1][3]);
-    }
-#pragma unroll
-    for (int n = 0; n < kOutTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) out[n][e] *= rescale[e / 2];
-    }
+    for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
 
-    // O += P V.
+      // O += P V.
 #pragma unroll
     for (int j = 0; j < kKeySteps; ++j) {
 #pragma unroll
       for (int pair = 0; pair < kDimSteps; ++pair) {
         unsigned values[4];
         load_matrices_transposed(values, step_address(value_slot + value_lane_offset, pair) + j * kBlockRowBytes);
-        mma_16x8x16<Element>(out[2 * pair], probs[j], values[0], values[1]);
-        mma_16x8x16<Element>(out[2 * pair + 1], probs[j], values[2], values[3]);
+        mma_16x8x16<Element>(accumulator_tile(out, 2 * pair), probs[j], values[0], values[1]);
+        mma_16x8x16<Element>(accumulator_tile(out, 2 * pair + 1), probs[j], values[2], values[3]);
       }
     }
   }
   wait_copies<0>();  // no copy may still be writing shared memory when the block exits
 
-  // The whole l of each row: the four lanes of the row add their shares (every lane takes part,
-  // before any lane leaves for a padding row).
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    row_sum[half] += __shfl_xor_sync(kFullWarp, row_sum[half], 1);
-    row_sum[half] += __shfl_xor_sync(kFullWarp, row_sum[half], 2);
-  }
+  add_row_sums(row_sum);
   if constexpr (kKeysAcrossWarps) {
     merge_warps<kDim>(out, row_max, row_sum, shared + T::kQueryTileBytes, warp, group, quad);
   }
-  // The block's rows, normalized by l (0 for a row that saw no key of the chunk: it writes zeros).
-  // One split: O in the element type and the LSE in natural-log units. Several: FP32 O_s and
-  // LSE_s in log2 units, row `row` of split s at s · (B·Hq·Nq) + row.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const float sum = row_sum[half];
-    const int row = warp_first_row + group + 8 * half;
-    if (row >= packed_rows || (kKeysAcrossWarps && warp != 0)) continue;  // warp 0 holds the merged rows
-    const float inverse_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
-    const float log2_sum_exp = sum > 0.0f ? row_max[half] + log2f(sum) : -INFINITY;
-    const int64_t global_row = head_first_row + row;
-    const int64_t partial_row = split * q_rows + global_row;
-#pragma unroll
-    for (int n = 0; n < kOutTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int column = n * kMmaKeys + 2 * quad + e;
-        if (column >= dim) continue;
-        const float value = out[n][2 * half + e] * inverse_sum;
-        if (partial_out == nullptr) {
-          o[global_row * dim + column] = to_element<Element>(value);
-        } else {
-          partial_out[partial_row * dim + column] = value;
-        }
-      }
-    }
-    if (quad != 0) continue;
-    if (partial_out == nullptr) {
-      if (lse != nullptr) lse[global_row] = log2_sum_exp * kLn2;
-    } else {
-      partial_lse[partial_row] = log2_sum_exp;
-    }
+  if (!kKeysAcrossWarps || warp == 0) {  // with the keys across warps, warp 0 holds the merged rows
+    write_rows<Element, kDim>(out, row_max, row_sum, warp_first_row, group, quad, packed_rows, work.head_first_row, dim,
+                              work.split, q_rows, o, lse, partial_out, partial_lse);
   }
   // This block's rows are written: once every block is here, the merge kernel may launch. Its blocks
   // start while the last blocks of this grid finish, instead of after them and a launch gap.
@@ -571,8 +470,8 @@ __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
   const int warp = threadIdx.x / kWarpSize;
   const int part = warp % kWarpsPerRow;  // this warp's share of the row's splits
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kMergeWarps / kWarpsPerRow) + warp / kWarpsPerRow;
-  if (row >= q_rows) return;  // every warp of the row: it does not exist
-  wait_for_prerequisite();    // the split kernel has finished: every partial is written
+  if (row >= q_rows) return;          // every warp of the row: it does not exist
+  split_kv::wait_for_prerequisite();  // the split kernel has finished: every partial is written
 
   float merged[kDimsPerLane] = {};  // Σ_s w_s · O_s for this lane's dims
   float row_max = -INFINITY;        // M = max_s LSE_s
@@ -649,14 +548,15 @@ __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
 #endif
 }
 
-// `early_merge`: the GPU can launch the merge kernel before the split kernel ends (sm_90 on).
+// The split kernel (mma.sync), of the bucket and copy path the caller chose.
 template <typename Element, int kDim, bool kAsync>
-Status launch(const ForwardArgs& args, const split_kv::KeySplit& split, bool early_merge) {
+Status launch_split(const ForwardArgs& args, const split_kv::KeySplit& split, bool keys_across_warps,
+                    float* partial_out, float* partial_lse) {
   using T = Tiling<kDim>;
   const Problem& problem = args.problem;
   const auto kernel = [&]() {
     if constexpr (T::kCanSplitKeys) {
-      if (split_kv::keys_across_warps(problem)) return &split_kv_kernel<Element, kDim, kAsync, true>;
+      if (keys_across_warps) return &split_kv_kernel<Element, kDim, kAsync, true>;
     }
     return &split_kv_kernel<Element, kDim, kAsync, false>;
   }();
@@ -664,9 +564,6 @@ Status launch(const ForwardArgs& args, const split_kv::KeySplit& split, bool ear
   const int64_t packed_rows = problem.group_size() * problem.q_seq;
   const int64_t row_tiles = (packed_rows + T::kRows - 1) / T::kRows;
   FA_STATUS_TRY(check_grid(problem.kv_heads_total() * row_tiles * split.splits));
-  const bool merge = split.splits > 1;
-  float* partial_out = merge ? static_cast<float*>(args.workspace) : nullptr;
-  float* partial_lse = merge ? partial_out + split.splits * problem.q_elements() : nullptr;
   const float scale_log2 = softmax_scale(problem) * kLog2e;
   // Every count fits an int: the runner checked the problem against validate_problem's limits.
   const auto blocks = static_cast<unsigned>(problem.kv_heads_total() * row_tiles * split.splits);
@@ -677,8 +574,15 @@ Status launch(const ForwardArgs& args, const split_kv::KeySplit& split, bool ear
       static_cast<int>(row_tiles), static_cast<int>(split.splits), static_cast<int>(split.chunk_keys), problem.q_rows(),
       problem.causal, scale_log2);
   FA_LAUNCH_TRY();
-  if (!merge) return Status();
-  // The merge kernel, launched with programmatic stream serialization where the GPU has it.
+  return Status();
+}
+
+// The merge kernel, launched with programmatic stream serialization where the GPU has it
+// (`early_merge`: sm_90 on), so that it can start before the split kernel ends.
+template <typename Element, int kDim>
+Status launch_merge(const ForwardArgs& args, const split_kv::KeySplit& split, bool early_merge,
+                    const float* partial_out, const float* partial_lse) {
+  const Problem& problem = args.problem;
   cudaLaunchAttribute early;
   early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   early.val.programmaticStreamSerializationAllowed = 1;
@@ -692,16 +596,15 @@ Status launch(const ForwardArgs& args, const split_kv::KeySplit& split, bool ear
   config.numAttrs = early_merge ? 1 : 0;
   const auto merge_kernel =
       warps_share_rows ? &merge_partials_kernel<Element, kDim, kMergeWarps> : &merge_partials_kernel<Element, kDim, 1>;
-  return Status::cuda(cudaLaunchKernelEx(&config, merge_kernel, static_cast<const float*>(partial_out),
-                                         static_cast<const float*>(partial_lse), static_cast<Element*>(args.o),
+  return Status::cuda(cudaLaunchKernelEx(&config, merge_kernel, partial_out, partial_lse, static_cast<Element*>(args.o),
                                          args.lse, problem.q_rows(), static_cast<int>(problem.dim),
                                          static_cast<int>(split.splits)));
 }
 
-// The wave of `problem` on `device`, from the device's attributes. Asking for the memory clock takes
+// The wave of `kernel` on `device`, from the device's attributes. Asking for the memory clock takes
 // the driver about as long as a short decoding step (it is not cached like the SM count), so each
 // device is asked once.
-Status device_wave_blocks(const Problem& problem, int device, int64_t* wave) {
+Status device_wave_blocks(split_kv::BlockKernel kernel, int device, int64_t* wave) {
   struct Attributes {
     int sm_count = 0;
     int memory_khz = 0;
@@ -718,7 +621,7 @@ Status device_wave_blocks(const Problem& problem, int device, int64_t* wave) {
     known[device] = asked;
   }
   const Attributes& device_attributes = known[device];
-  *wave = split_kv::wave_blocks(problem, device_attributes.sm_count, device_attributes.memory_khz,
+  *wave = split_kv::wave_blocks(kernel, device_attributes.sm_count, device_attributes.memory_khz,
                                 device_attributes.bus_bits);
   return Status();
 }
@@ -732,20 +635,32 @@ Status forward(const ForwardArgs& args) {
   }
   int device = 0;
   int major = 0;
-  int64_t wave = 0;
+  int minor = 0;
   FA_STATUS_TRY(Status::cuda(cudaGetDevice(&device)));
   FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)));
-  FA_STATUS_TRY(device_wave_blocks(problem, device, &wave));
-  const split_kv::KeySplit split = split_kv::plan_split(problem, wave);
-  if (split.splits > 1 && args.workspace == nullptr) {
-    return Status::unsupported("stage 12 needs its workspace for the partial results of a split");
-  }
+  FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)));
   // cp.async needs whole 16-byte chunks: a head dim that is a multiple of 8 and aligned rows.
   const bool async_copies = problem.dim % kChunkElements == 0 && all_aligned16({args.q, args.k, args.v});
+  const split_kv::BlockKernel kernel = split_kv::block_kernel(problem, major == 9 && minor == 0, async_copies);
+  int64_t wave = 0;
+  FA_STATUS_TRY(device_wave_blocks(kernel, device, &wave));
+  const split_kv::KeySplit split = split_kv::plan_split(problem, wave);
+  const bool merge = split.splits > 1;
+  if (merge && args.workspace == nullptr) {
+    return Status::unsupported("stage 12 needs its workspace for the partial results of a split");
+  }
+  float* partial_out = merge ? static_cast<float*>(args.workspace) : nullptr;
+  float* partial_lse = merge ? partial_out + split.splits * problem.q_elements() : nullptr;
   return dispatch_head_dim<64, 128, kMaxDim>(problem.dim, [&](auto bucket) {
     constexpr int kDim = decltype(bucket)::value;
-    return async_copies ? launch<Element, kDim, true>(args, split, major >= 9)
-                        : launch<Element, kDim, false>(args, split, major >= 9);
+    const bool keys_across_warps = kernel == split_kv::BlockKernel::keys_across_warps;
+    const Status launched =
+        kernel == split_kv::BlockKernel::wgmma
+            ? split_kv::launch_wgmma_split<Element>(args, split, partial_out, partial_lse)
+        : async_copies ? launch_split<Element, kDim, true>(args, split, keys_across_warps, partial_out, partial_lse)
+                       : launch_split<Element, kDim, false>(args, split, keys_across_warps, partial_out, partial_lse);
+    if (!launched.ok() || !merge) return launched;
+    return launch_merge<Element, kDim>(args, split, major >= 9, partial_out, partial_lse);
   });
 }
 

@@ -1,10 +1,12 @@
-// Stage 12's host-side rule: how many blocks share the keys of one K/V head, and the workspace their
-// partial results need. Plain C++ (no GPU), so the tests check the rule anywhere.
+// Stage 12's host-side rule: which kernel a block runs, how many blocks share the keys of one K/V
+// head, and the workspace their partial results need. Plain C++ (no GPU), so the tests check the
+// rule anywhere.
 #pragma once
 
 #include <cstdint>
 
 #include "fa/problem.hpp"
+#include "fa/stage.hpp"
 
 namespace fa::stages::split_kv {
 
@@ -43,12 +45,28 @@ inline bool keys_across_warps(const Problem& problem) {
   return problem.group_size() * problem.q_seq <= kStripRows && problem.dim <= kKeysAcrossWarpsMaxDim;
 }
 
-// The blocks one wave of `problem` holds on a GPU of `sm_count` SMs whose memory runs at
-// `memory_khz` over `bus_bits` bits (its device attributes): min(SMs, kMaxSmCount) times the blocks
-// per SM. One where the warps split the keys; otherwise ceil(the SM's share of the peak bandwidth /
-// kBlockBytesPerSecond), from 1 to kMaxBlocksPerSm. An H100 SXM's SM has 25 GB/s (3.35 TB/s over 132
-// SMs): one block each; an H200's 36 GB/s (4.8 TB/s): two.
-int64_t wave_blocks(const Problem& problem, int sm_count, int memory_khz, int bus_bits);
+// On an H100 or H200 (compute capability 9.0) a tile of more than one strip runs on Hopper's wgmma
+// instead (split_kv_wgmma.cu, built for sm_90a, which runs on those GPUs alone): its 64 rows are one
+// wgmma tile, multiplied by one warpgroup. Up to D = kWgmmaMaxDim, with whole 16-byte chunks (the
+// cp.async ring), kWgmmaStages 64-key stages deep. One such block streams an SM's share of the
+// bandwidth alone (README, "On Hopper: one wgmma tile").
+constexpr int64_t kWgmmaMaxDim = 128;
+constexpr int64_t kWgmmaStages = 3;
+constexpr int64_t kWgmmaBlocksPerSm = 1;
+
+// The kernel a block of `problem` runs: its four warps split the keys of one strip, each warp takes
+// a strip of its own (mma.sync, any GPU from sm_80), or one warpgroup takes the whole tile (wgmma).
+// `hopper`: the GPU's compute capability is 9.0; `async_copies`: the head dim is a multiple of 8 and
+// Q, K and V start on 16-byte boundaries.
+enum class BlockKernel { keys_across_warps, strip_per_warp, wgmma };
+BlockKernel block_kernel(const Problem& problem, bool hopper, bool async_copies);
+
+// The blocks one wave of `kernel` holds on a GPU of `sm_count` SMs whose memory runs at `memory_khz`
+// over `bus_bits` bits (its device attributes): min(SMs, kMaxSmCount) times the blocks per SM. One
+// where the warps split the keys, kWgmmaBlocksPerSm on wgmma; a strip per warp, ceil(the SM's share of
+// the peak bandwidth / kBlockBytesPerSecond), from 1 to kMaxBlocksPerSm. An H100 SXM's SM has 25
+// GB/s (3.35 TB/s over 132 SMs): one block each; an H200's 36 GB/s (4.8 TB/s): two.
+int64_t wave_blocks(BlockKernel kernel, int sm_count, int memory_khz, int bus_bits);
 
 struct KeySplit {
   int64_t splits = 1;      // blocks per (K/V head, row tile)
@@ -64,5 +82,10 @@ KeySplit plan_split(const Problem& problem, int64_t wave_blocks);
 // FP32 partial outputs (splits × B·Hq·Nq × D) and their log-sum-exps (splits × B·Hq·Nq) when the
 // largest wave (kMaxSmCount SMs of kMaxBlocksPerSm blocks) would split; 0 otherwise.
 int64_t workspace_bytes(const Problem& problem, Pass pass);
+
+// Launches the wgmma split kernel (split_kv_wgmma.cu) of `args` for `split`, writing partials to
+// partial_out and partial_lse when it splits (null otherwise). Element: __half or __nv_bfloat16.
+template <typename Element>
+Status launch_wgmma_split(const ForwardArgs& args, const KeySplit& split, float* partial_out, float* partial_lse);
 
 }  // namespace fa::stages::split_kv

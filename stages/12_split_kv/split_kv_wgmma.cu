@@ -1,0 +1,272 @@
+// Stage 12 on Hopper (sm_90a): the split kernel of a tile of more than one strip, on wgmma.
+//
+// A group of Hq/Hkv = 4 query heads at Nq = 16 packs 64 rows: exactly the M of one wgmma. On the
+// mma.sync kernel (split_kv.cu) those rows are four strips, one a warp, each warp fetching every K
+// and V fragment from shared memory with ldmatrix and issuing 128 small mma a tile; on an H200 that
+// kernel keeps the tensor pipe busy only a third of the time and reads K and V at three quarters of
+// the read ceiling (README, "What limits it"). Here one warpgroup (the same four warps) multiplies
+// the whole tile: S = Q·Kᵀ as kDim/16 wgmma with Q and K read from shared memory through matrix
+// descriptors, then O += P·V as 4 wgmma with P from registers (stage 09's two products). The split,
+// the ring, the masks, the online softmax and the partial outputs are split_kv.cu's; only the tile
+// layout changes, to the 128-byte-swizzled 64-column panels that wgmma's descriptors read, and the
+// ring's copies are cp.async, as there, so no tensor map is built per call.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "fa/causal.hpp"
+#include "fa/cuda_check.hpp"
+#include "fa/kernel/convert.cuh"
+#include "fa/kernel/cp_async.cuh"
+#include "fa/kernel/exp2.cuh"
+#include "fa/kernel/mbarrier.cuh"
+#include "fa/kernel/tma.cuh"
+#include "fa/kernel/wgmma.cuh"
+#include "fa/launch.hpp"
+#include "split_kv.hpp"
+#include "split_kv_device.cuh"
+
+// wgmma exists on sm_90a alone; this file builds for it alone (CMakeLists.txt), and the host calls
+// it only on a GPU of compute capability 9.0 (split_kv::runs_on_wgmma).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA_STAGE12_WGMMA_CODE 1
+#else
+#define FA_STAGE12_WGMMA_CODE 0
+#endif
+
+namespace fa::stages::split_kv {
+
+namespace {
+
+using kernel::commit_copies;
+using kernel::copy_async_16;
+using kernel::wait_copies;
+
+constexpr int kPanelColumns = 64;                             // one 128-byte swizzled row of a panel
+constexpr int kPanelRowBytes = 128;                           // ... in bytes
+constexpr int kSwizzleRows = 8;                               // the swizzle permutes the 16-byte chunks of every 8 rows
+constexpr int kSwizzleBytes = kSwizzleRows * kPanelRowBytes;  // its period: tiles start 1024-aligned
+constexpr int kChunkBytes = 16;                               // one cp.async
+constexpr int kChunkElements = kChunkBytes / 2;
+
+// One head-dim bucket (64 or 128): one warpgroup on a 64-row tile, a ring of kStages 64-key stages.
+// At D = 128, 16 KB of Q and 32 KB a stage.
+template <int kDim>
+struct WgmmaTiling {
+  static constexpr int kThreads = kernel::kWarpgroupThreads;
+  static constexpr int kRows = static_cast<int>(kTileRows);
+  static constexpr int kKeys = 64;
+  static constexpr int kStages = static_cast<int>(kWgmmaStages);
+  static constexpr int kPanels = kDim / kPanelColumns;
+  static constexpr int kQueryTileBytes = kPanels * kRows * kPanelRowBytes;
+  static constexpr int kKvPanelBytes = kKeys * kPanelRowBytes;
+  static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
+  // Room to move the start to a 1024-byte boundary: dynamic shared memory promises 16 bytes.
+  static constexpr int kSharedBytes = kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes;
+
+  static_assert(kDim % kPanelColumns == 0, "a tile is whole 64-column panels");
+  static_assert(kChunkAlign % kKeys == 0, "a chunk is whole K/V tiles");
+  static_assert(kSharedBytes <= 227 * 1024, "a block fits in an H100's or H200's shared memory");
+};
+
+// Copies kRows rows of a (rows × dim) matrix into 64-column panels as TMA's 128-byte swizzle lays
+// them out: chunk c of row r at panel c / 8, row r, chunk (c % 8) ^ (r % 8). Zeros past
+// `valid_rows` and past `dim` (a multiple of 8 here). Consecutive threads copy consecutive chunks
+// of a row: whole lines of global memory.
+template <typename Element, int kDim, int kRows>
+__device__ __forceinline__ void load_panels(unsigned char* tile, const Element* source, int valid_rows, int dim) {
+  constexpr int kChunksPerRow = kDim / kChunkElements;
+  constexpr int kThreads = WgmmaTiling<kDim>::kThreads;
+  constexpr int kChunksPerPanelRow = kPanelRowBytes / kChunkBytes;
+  static_assert(kRows * kChunksPerRow % kThreads == 0, "every thread copies the same number of chunks");
+#pragma unroll
+  for (int pass = 0; pass < kRows * kChunksPerRow / kThreads; ++pass) {
+    const int index = pass * kThreads + threadIdx.x;
+    const int row = index / kChunksPerRow;
+    const int chunk = index % kChunksPerRow;
+    const bool inside = row < valid_rows && chunk * kChunkElements < dim;
+    const int offset = chunk / kChunksPerPanelRow * kRows * kPanelRowBytes + row * kPanelRowBytes +
+                       (chunk % kChunksPerPanelRow ^ row % kSwizzleRows) * kChunkBytes;
+    copy_async_16(tile + offset, inside ? source + row * dim + chunk * kChunkElements : source,
+                  inside ? kChunkBytes : 0);
+  }
+}
+
+// One block: up to 64 packed query rows of one K/V head's group against one chunk of its keys, the
+// same work as split_kv_kernel's (split_kv.cu), with the same parameters and the same outputs.
+template <typename Element, int kDim>
+__global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
+    wgmma_split_kernel(const Element* __restrict__ q, const Element* __restrict__ k, const Element* __restrict__ v,
+                       Element* __restrict__ o, float* __restrict__ lse, float* __restrict__ partial_out,
+                       float* __restrict__ partial_lse, int q_seq, int kv_seq, int dim, int packed_rows, int row_tiles,
+                       int splits, int chunk_keys, int64_t q_rows, bool causal, float scale_log2) {
+#if FA_STAGE12_WGMMA_CODE
+  using T = WgmmaTiling<kDim>;
+  using namespace kernel;
+  constexpr int kMmaDepth = 16;                    // the K of one wgmma: 16 dims, or 16 keys
+  constexpr int kDimSteps = kDim / kMmaDepth;      // wgmma of S = Q·Kᵀ
+  constexpr int kKeySteps = T::kKeys / kMmaDepth;  // wgmma of O += P·V
+  constexpr int kScoreTiles = T::kKeys / kAccumulatorColumns;
+  constexpr int kStepsPerPanel = kPanelColumns / kMmaDepth;  // a panel row is 4 steps of 32 bytes
+
+  extern __shared__ unsigned char shared_memory[];
+  unsigned char* query_tile =
+      shared_memory + (kSwizzleBytes - shared_address(shared_memory) % kSwizzleBytes) % kSwizzleBytes;
+  unsigned char* ring = query_tile + T::kQueryTileBytes;  // slot s: K tile, then V tile
+  const auto key_slot = [&](int slot) { return ring + 2 * slot * T::kKvTileBytes; };
+
+  const int warp = threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  const int group = lane / 4;  // accumulator rows `group` and `group + 8` of the warp's 16
+  const int quad = lane % 4;   // accumulator columns 2·quad and 2·quad + 1 of every 8
+
+  const SplitBlock work = split_block(blockIdx.x, splits, row_tiles, packed_rows, T::kRows);
+  const BlockKeys keys = block_keys(work, packed_rows, T::kRows, T::kKeys, q_seq, kv_seq, causal, chunk_keys);
+  // wgmma's accumulators give warp w rows 16w .. 16w + 15 of the tile.
+  const int warp_first_row = work.tile_first_row + warp * static_cast<int>(kStripRows);
+  // The keys packed row `row` sees end below this limit (at most Nk; 0 or less for none).
+  const auto key_limit = [&](int row) { return visible_key_limit(row % q_seq, q_seq, kv_seq, causal); };
+
+  const int64_t kv_offset = work.kv_head * kv_seq * dim;
+  const auto issue_kv_tile = [&](int tile) {
+    unsigned char* slot = key_slot(tile % T::kStages);
+    const int key_base = keys.begin + tile * T::kKeys;
+    const int valid_keys = min(T::kKeys, kv_seq - key_base);
+    const int64_t offset = kv_offset + static_cast<int64_t>(key_base) * dim;
+    load_panels<Element, kDim, T::kKeys>(slot, k + offset, valid_keys, dim);
+    load_panels<Element, kDim, T::kKeys>(slot + T::kKvTileBytes, v + offset, valid_keys, dim);
+  };
+
+  // The prologue: Q joins the first group of copies, then all but one slot fill.
+  load_panels<Element, kDim, T::kRows>(query_tile, q + (work.head_first_row + work.tile_first_row) * dim,
+                                       packed_rows - work.tile_first_row, dim);
+#pragma unroll
+  for (int tile = 0; tile < T::kStages - 1; ++tile) {
+    if (tile < keys.tiles) issue_kv_tile(tile);
+    commit_copies();
+  }
+
+  // The matrix descriptors (stage 09's README, "The matrix descriptor"): row r of a panel is 128
+  // bytes at r·128, 8 rows (1024 bytes) one swizzle period, the stride byte offset. A 16-dim step
+  // of Q or K (K-major) is 32 bytes along the row, and a new panel every four steps. V is read
+  // MN-major: a 16-key step is 16 rows on, and the leading byte offset steps between its panels.
+  const uint64_t query_descriptor = matrix_descriptor(shared_address(query_tile), 16, kSwizzleBytes);
+  const auto dim_step_offset = [](int step, int panel_bytes) {
+    return static_cast<unsigned>(step / kStepsPerPanel * panel_bytes + step % kStepsPerPanel * 2 * kMmaDepth);
+  };
+
+  // O unnormalized in FP32 accumulators (kDim / 2 a thread), the running max m (log2 units) and this
+  // thread's share of the sum l of rows `group` and `group + 8`, started as split_kv.cu starts them.
+  float out[kDim / 2] = {};
+  float row_max[2];
+  float row_sum[2] = {};
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    row_max[half] = key_limit(warp_first_row + group + 8 * half) <= keys.begin ? 0.0f : -INFINITY;
+  }
+
+#pragma unroll 1
+  for (int tile = 0; tile < keys.tiles; ++tile) {
+    // The ring's copies are ordinary (generic-proxy) writes to shared memory, and wgmma reads through
+    // the async proxy: each thread fences its own copies before the barrier (stage 09's README, "The
+    // fence.proxy.async rule").
+    wait_copies<T::kStages - 2>();
+    fence_shared_for_async_proxy();
+    __syncthreads();  // tile `tile` is visible to all; every wgmma on the slot refilled next is done
+    if (tile + T::kStages - 1 < keys.tiles) issue_kv_tile(tile + T::kStages - 1);
+    commit_copies();
+    const int key_base = keys.begin + tile * T::kKeys;
+    unsigned char* slot = key_slot(tile % T::kStages);
+
+    // S = Q Kᵀ: kDimSteps wgmma of 64 rows × 64 keys × 16 dims, one group; wait for it.
+    const uint64_t key_descriptor = matrix_descriptor(shared_address(slot), 16, kSwizzleBytes);
+    float scores[T::kKeys / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int step = 0; step < kDimSteps; ++step) {
+      const uint64_t a = advance_descriptor(query_descriptor, dim_step_offset(step, T::kRows * kPanelRowBytes));
+      const uint64_t b = advance_descriptor(key_descriptor, dim_step_offset(step, T::kKvPanelBytes));
+      if (step == 0) {
+        wgmma_shared<Element, T::kKeys, false>(scores, a, b);
+      } else {
+        wgmma_shared<Element, T::kKeys, true>(scores, a, b);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(scores);
+
+    // The online softmax on the accumulators (split_kv_device.cuh): scores[4j + e] is key
+    // key_base + 8j + 2·quad + e % 2 of the top row (e < 2) or the bottom row (e >= 2).
+    if (key_base + T::kKeys > keys.unmasked) {
+      mask_scores<kScoreTiles>(scores, key_base + 2 * quad, key_limit(warp_first_row + group),
+                               key_limit(warp_first_row + group + 8));
+    }
+    float rescale[2];
+    online_softmax<kScoreTiles>(scores, row_max, row_sum, rescale, scale_log2);
+#pragma unroll
+    for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
+
+    // O += P V: P's fragments from registers (score tiles 2j and 2j + 1 are keys 16j .. 16j + 15,
+    // where wgmma's register A wants them), one wgmma per 16 keys.
+    unsigned probs[kKeySteps][4];
+    pack_probabilities<Element, kKeySteps>(scores, probs);
+    const uint64_t value_descriptor =
+        matrix_descriptor(shared_address(slot + T::kKvTileBytes), T::kKvPanelBytes, kSwizzleBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < kKeySteps; ++j) {
+      wgmma_registers<Element, kDim>(out, probs[j],
+                                     advance_descriptor(value_descriptor, j * kMmaDepth * kPanelRowBytes));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(out);
+    fence_registers(probs);
+  }
+  wait_copies<0>();  // no copy may still be writing shared memory when the block exits
+
+  write_rows<Element, kDim>(out, row_max, row_sum, warp_first_row, group, quad, packed_rows, work.head_first_row, dim,
+                            work.split, q_rows, o, lse, partial_out, partial_lse);
+  launch_dependents();  // this block's rows are written: the merge kernel may launch
+#else
+  __trap();  // never launched: the host runs this kernel on sm_90 alone (runs_on_wgmma)
+#endif
+}
+
+template <typename Element, int kDim>
+Status launch_wgmma(const ForwardArgs& args, const KeySplit& split, float* partial_out, float* partial_lse) {
+  using T = WgmmaTiling<kDim>;
+  const Problem& problem = args.problem;
+  const auto kernel = &wgmma_split_kernel<Element, kDim>;
+  FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
+  const int64_t packed_rows = problem.group_size() * problem.q_seq;
+  const int64_t row_tiles = (packed_rows + T::kRows - 1) / T::kRows;
+  FA_STATUS_TRY(check_grid(problem.kv_heads_total() * row_tiles * split.splits));
+  const auto blocks = static_cast<unsigned>(problem.kv_heads_total() * row_tiles * split.splits);
+  kernel<<<blocks, T::kThreads, T::kSharedBytes, args.stream>>>(
+      static_cast<const Element*>(args.q), static_cast<const Element*>(args.k), static_cast<const Element*>(args.v),
+      static_cast<Element*>(args.o), args.lse, partial_out, partial_lse, static_cast<int>(problem.q_seq),
+      static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim), static_cast<int>(packed_rows),
+      static_cast<int>(row_tiles), static_cast<int>(split.splits), static_cast<int>(split.chunk_keys), problem.q_rows(),
+      problem.causal, softmax_scale(problem) * kernel::kLog2e);
+  FA_LAUNCH_TRY();
+  return Status();
+}
+
+}  // namespace
+
+template <typename Element>
+Status launch_wgmma_split(const ForwardArgs& args, const KeySplit& split, float* partial_out, float* partial_lse) {
+  return dispatch_head_dim<64, static_cast<int>(kWgmmaMaxDim)>(args.problem.dim, [&](auto bucket) {
+    return launch_wgmma<Element, decltype(bucket)::value>(args, split, partial_out, partial_lse);
+  });
+}
+
+template Status launch_wgmma_split<__half>(const ForwardArgs&, const KeySplit&, float*, float*);
+template Status launch_wgmma_split<__nv_bfloat16>(const ForwardArgs&, const KeySplit&, float*, float*);
+
+}  // namespace fa::stages::split_kv
