@@ -100,10 +100,13 @@ phase_sanitize() {
     is_backward_stage "$stage" && pass=(--pass bwd)
     is_wide_stage "$stage" && shapes+=("--batch 1 --heads 2 --seq 150 --dim 256 --causal" "--batch 2 --heads 1 --seq 70 --dim 200")
     # A decoding stage: split keys and a merge (D = 128, 100 on the synchronous copies, 256), and
-    # enough query rows to fill the GPU without a split (one block writes O itself).
+    # enough query rows to fill the GPU without a split (one block writes O itself). 64 and 24
+    # packed rows at D = 128 and 64 run stage 12's wgmma kernel on an H100 or H200.
     is_decode_stage "$stage" && shapes=("--heads 32 --kv-heads 8 --seq 4 --seq-k 5000 --dim 128 --causal --lse"
+      "--heads 32 --kv-heads 8 --seq 16 --seq-k 5000 --dim 128 --causal --lse"
       "--batch 2 --heads 8 --kv-heads 2 --seq 5 --seq-k 3001 --dim 100 --causal --lse"
-      "--heads 16 --kv-heads 2 --seq 7 --seq-k 900 --dim 256 --lse" "--batch 64 --heads 8 --kv-heads 4 --seq 3 --seq-k 700 --dim 64")
+      "--heads 16 --kv-heads 2 --seq 7 --seq-k 900 --dim 256 --lse" "--batch 64 --heads 8 --kv-heads 4 --seq 3 --seq-k 700 --dim 64"
+      "--batch 64 --heads 8 --kv-heads 1 --seq 3 --seq-k 700 --dim 64")
     for tool in memcheck racecheck synccheck initcheck; do
       for shape in "${shapes[@]}"; do
         runs=$((runs + 1))

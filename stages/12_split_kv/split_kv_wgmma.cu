@@ -41,9 +41,19 @@ namespace fa::stages::split_kv {
 
 namespace {
 
+using kernel::advance_descriptor;
 using kernel::commit_copies;
 using kernel::copy_async_16;
+using kernel::fence_registers;
+using kernel::fence_shared_for_async_proxy;
+using kernel::matrix_descriptor;
+using kernel::shared_address;
 using kernel::wait_copies;
+using kernel::wgmma_commit;
+using kernel::wgmma_fence;
+using kernel::wgmma_registers;
+using kernel::wgmma_shared;
+using kernel::wgmma_wait;
 
 constexpr int kPanelColumns = 64;                             // one 128-byte swizzled row of a panel
 constexpr int kPanelRowBytes = 128;                           // ... in bytes
@@ -105,7 +115,6 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
                        int splits, int chunk_keys, int64_t q_rows, bool causal, float scale_log2) {
 #if FA_STAGE12_WGMMA_CODE
   using T = WgmmaTiling<kDim>;
-  using namespace kernel;
   constexpr int kMmaDepth = 16;                    // the K of one wgmma: 16 dims, or 16 keys
   constexpr int kDimSteps = kDim / kMmaDepth;      // wgmma of S = Q·Kᵀ
   constexpr int kKeySteps = T::kKeys / kMmaDepth;  // wgmma of O += P·V
@@ -229,6 +238,7 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
   }
   wait_copies<0>();  // no copy may still be writing shared memory when the block exits
 
+  add_row_sums(row_sum);
   write_rows<Element, kDim>(out, row_max, row_sum, warp_first_row, group, quad, packed_rows, work.head_first_row, dim,
                             work.split, q_rows, o, lse, partial_out, partial_lse);
   launch_dependents();  // this block's rows are written: the merge kernel may launch
@@ -241,13 +251,13 @@ template <typename Element, int kDim>
 Status launch_wgmma(const ForwardArgs& args, const KeySplit& split, float* partial_out, float* partial_lse) {
   using T = WgmmaTiling<kDim>;
   const Problem& problem = args.problem;
-  const auto kernel = &wgmma_split_kernel<Element, kDim>;
-  FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
+  const auto split_kernel = &wgmma_split_kernel<Element, kDim>;
+  FA_STATUS_TRY(opt_in_shared_memory(split_kernel, T::kSharedBytes));
   const int64_t packed_rows = problem.group_size() * problem.q_seq;
   const int64_t row_tiles = (packed_rows + T::kRows - 1) / T::kRows;
   FA_STATUS_TRY(check_grid(problem.kv_heads_total() * row_tiles * split.splits));
   const auto blocks = static_cast<unsigned>(problem.kv_heads_total() * row_tiles * split.splits);
-  kernel<<<blocks, T::kThreads, T::kSharedBytes, args.stream>>>(
+  split_kernel<<<blocks, T::kThreads, T::kSharedBytes, args.stream>>>(
       static_cast<const Element*>(args.q), static_cast<const Element*>(args.k), static_cast<const Element*>(args.v),
       static_cast<Element*>(args.o), args.lse, partial_out, partial_lse, static_cast<int>(problem.q_seq),
       static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim), static_cast<int>(packed_rows),
