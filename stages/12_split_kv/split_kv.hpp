@@ -48,10 +48,12 @@ inline bool keys_across_warps(const Problem& problem) {
 // On an H100 or H200 (compute capability 9.0) a tile of more than one strip runs on Hopper's wgmma
 // instead (split_kv_wgmma.cu, built for sm_90a, which runs on those GPUs alone): its 64 rows are one
 // wgmma tile, multiplied by one warpgroup. Up to D = kWgmmaMaxDim, with whole 16-byte chunks (the
-// cp.async ring), kWgmmaStages 64-key stages deep. One such block streams an SM's share of the
-// bandwidth alone (README, "On Hopper: one wgmma tile").
+// cp.async ring). The ring holds kWgmmaStages 64-key stages (144 KB at D = 128): a tile's slot is
+// refilled two tiles after it lands, since its P·V runs beside the next tile's softmax, and so two
+// tiles are in flight behind the one in hand. One such block per SM streams about its share of the
+// bandwidth, and fewer blocks mean fewer splits (README, "On Hopper: the 64 rows are one wgmma").
 constexpr int64_t kWgmmaMaxDim = 128;
-constexpr int64_t kWgmmaStages = 3;
+constexpr int64_t kWgmmaStages = 4;
 constexpr int64_t kWgmmaBlocksPerSm = 1;
 
 // The kernel a block of `problem` runs: its four warps split the keys of one strip, each warp takes

@@ -77,6 +77,7 @@ struct WgmmaTiling {
   // Room to move the start to a 1024-byte boundary: dynamic shared memory promises 16 bytes.
   static constexpr int kSharedBytes = kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes;
 
+  static_assert(kStages >= 3, "a slot is refilled two tiles after it was read (the P·V overlap)");
   static_assert(kDim % kPanelColumns == 0, "a tile is whole 64-column panels");
   static_assert(kChunkAlign % kKeys == 0, "a chunk is whole K/V tiles");
   static_assert(kSharedBytes <= 227 * 1024, "a block fits in an H100's or H200's shared memory");
@@ -149,11 +150,12 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
     load_panels<Element, kDim, T::kKeys>(slot + T::kKvTileBytes, v + offset, valid_keys, dim);
   };
 
-  // The prologue: Q joins the first group of copies, then all but one slot fill.
+  // The prologue: Q joins the first group of copies, then all but two slots fill (the P·V of a
+  // tile is issued after the next tile has landed, so its slot is refilled one tile later).
   load_panels<Element, kDim, T::kRows>(query_tile, q + (work.head_first_row + work.tile_first_row) * dim,
                                        packed_rows - work.tile_first_row, dim);
 #pragma unroll
-  for (int tile = 0; tile < T::kStages - 1; ++tile) {
+  for (int tile = 0; tile < T::kStages - 2; ++tile) {
     if (tile < keys.tiles) issue_kv_tile(tile);
     commit_copies();
   }
@@ -177,22 +179,21 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
     row_max[half] = key_limit(warp_first_row + group + 8 * half) <= keys.begin ? 0.0f : -INFINITY;
   }
 
-#pragma unroll 1
-  for (int tile = 0; tile < keys.tiles; ++tile) {
-    // The ring's copies are ordinary (generic-proxy) writes to shared memory, and wgmma reads through
-    // the async proxy: each thread fences its own copies before the barrier (stage 09's README, "The
-    // fence.proxy.async rule").
-    wait_copies<T::kStages - 2>();
+  // Tile `tile` lands: each thread waits for its copies and fences them, ordinary (generic-proxy)
+  // writes to shared memory that wgmma reads through the async proxy (stage 09's README, "The
+  // fence.proxy.async rule"); then the barrier, past which every thread has waited for the P·V of
+  // tile - 2, so its slot takes tile + kStages - 2.
+  const auto tile_landed = [&](int tile) {
+    wait_copies<T::kStages - 3>();
     fence_shared_for_async_proxy();
-    __syncthreads();  // tile `tile` is visible to all; every wgmma on the slot refilled next is done
-    if (tile + T::kStages - 1 < keys.tiles) issue_kv_tile(tile + T::kStages - 1);
+    __syncthreads();
+    if (tile + T::kStages - 2 < keys.tiles) issue_kv_tile(tile + T::kStages - 2);
     commit_copies();
-    const int key_base = keys.begin + tile * T::kKeys;
-    unsigned char* slot = key_slot(tile % T::kStages);
-
-    // S = Q Kᵀ: kDimSteps wgmma of 64 rows × 64 keys × 16 dims, one group; wait for it.
-    const uint64_t key_descriptor = matrix_descriptor(shared_address(slot), 16, kSwizzleBytes);
-    float scores[T::kKeys / 2];
+  };
+  // S = Q Kᵀ of tile `tile`: kDimSteps wgmma of 64 rows × 64 keys × 16 dims, one group.
+  float scores[T::kKeys / 2];
+  const auto issue_scores = [&](int tile) {
+    const uint64_t key_descriptor = matrix_descriptor(shared_address(key_slot(tile % T::kStages)), 16, kSwizzleBytes);
     wgmma_fence();
 #pragma unroll
     for (int step = 0; step < kDimSteps; ++step) {
@@ -205,26 +206,12 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
       }
     }
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(scores);
-
-    // The online softmax on the accumulators (split_kv_device.cuh): scores[4j + e] is key
-    // key_base + 8j + 2·quad + e % 2 of the top row (e < 2) or the bottom row (e >= 2).
-    if (key_base + T::kKeys > keys.unmasked) {
-      mask_scores<kScoreTiles>(scores, key_base + 2 * quad, key_limit(warp_first_row + group),
-                               key_limit(warp_first_row + group + 8));
-    }
-    float rescale[2];
-    online_softmax<kScoreTiles>(scores, row_max, row_sum, rescale, scale_log2);
-#pragma unroll
-    for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
-
-    // O += P V: P's fragments from registers (score tiles 2j and 2j + 1 are keys 16j .. 16j + 15,
-    // where wgmma's register A wants them), one wgmma per 16 keys.
-    unsigned probs[kKeySteps][4];
-    pack_probabilities<Element, kKeySteps>(scores, probs);
-    const uint64_t value_descriptor =
-        matrix_descriptor(shared_address(slot + T::kKvTileBytes), T::kKvPanelBytes, kSwizzleBytes);
+  };
+  // O += P V of tile `tile`: P's fragments from registers, one wgmma per 16 keys, one group.
+  unsigned probs[kKeySteps][4];
+  const auto issue_values = [&](int tile) {
+    const uint64_t value_descriptor = matrix_descriptor(shared_address(key_slot(tile % T::kStages) + T::kKvTileBytes),
+                                                        T::kKvPanelBytes, kSwizzleBytes);
     wgmma_fence();
 #pragma unroll
     for (int j = 0; j < kKeySteps; ++j) {
@@ -232,9 +219,51 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
                                      advance_descriptor(value_descriptor, j * kMmaDepth * kPanelRowBytes));
     }
     wgmma_commit();
+  };
+  // The online softmax on the accumulators (split_kv_device.cuh): scores[4j + e] is key
+  // key_base + 8j + 2·quad + e % 2 of the top row (e < 2) or the bottom row (e >= 2). Then P packed
+  // as wgmma's register A: score tiles 2j and 2j + 1 are keys 16j .. 16j + 15.
+  const auto softmax = [&](int tile, float(&rescale)[2]) {
+    const int key_base = keys.begin + tile * T::kKeys;
+    if (key_base + T::kKeys > keys.unmasked) {
+      mask_scores<kScoreTiles>(scores, key_base + 2 * quad, key_limit(warp_first_row + group),
+                               key_limit(warp_first_row + group + 8));
+    }
+    online_softmax<kScoreTiles>(scores, row_max, row_sum, rescale, scale_log2);
+  };
+
+  // Stage 10's overlap within one warpgroup: S of a tile and P·V of the one before go to the tensor
+  // cores together, and the softmax of the tile runs while P·V still does. Only then does the
+  // warpgroup wait for P·V, rescale O by the new max and pack P.
+  if (keys.tiles > 0) {
+    float rescale[2];
+    tile_landed(0);
+    issue_scores(0);
     wgmma_wait<0>();
+    fence_registers(scores);
+    softmax(0, rescale);  // O is still zero: nothing to rescale
+    pack_probabilities<Element, kKeySteps>(scores, probs);
+  }
+#pragma unroll 1
+  for (int tile = 1; tile < keys.tiles; ++tile) {
+    float rescale[2];
+    tile_landed(tile);
+    issue_scores(tile);
+    issue_values(tile - 1);
+    wgmma_wait<1>();  // S of this tile has landed; P·V of the last one may still run
+    fence_registers(scores);
+    softmax(tile, rescale);
+    wgmma_wait<0>();  // P·V of the last tile is done: O is whole, and P is free
     fence_registers(out);
     fence_registers(probs);
+#pragma unroll
+    for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
+    pack_probabilities<Element, kKeySteps>(scores, probs);
+  }
+  if (keys.tiles > 0) {
+    issue_values(keys.tiles - 1);
+    wgmma_wait<0>();
+    fence_registers(out);
   }
   wait_copies<0>();  // no copy may still be writing shared memory when the block exits
 
