@@ -20,8 +20,9 @@
 // (Hq/Hkv · Nq <= 16: plain decoding), the four warps share the rows and split each K/V tile's keys
 // instead, and merge their results at the end with the same identity, between warps. On Hopper the
 // merge kernel launches while the split kernel's last blocks still run (programmatic dependent
-// launch), so its launch gap is hidden. split_kv.hpp holds the split rule; a prefill shape
-// (Nq >= 64) runs stage 08's kernel unchanged.
+// launch), so its launch gap is hidden. On an H100 or H200 a tile of more than one strip runs
+// split_kv_wgmma.cu's kernel instead: its 64 rows are one wgmma tile. split_kv.hpp holds the split
+// rule and the choice of kernel; a prefill shape (Nq >= 64) runs stage 08's kernel unchanged.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

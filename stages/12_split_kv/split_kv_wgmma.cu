@@ -6,10 +6,12 @@
 // kernel keeps the tensor pipe busy only a third of the time and reads K and V at three quarters of
 // the read ceiling (README, "What limits it"). Here one warpgroup (the same four warps) multiplies
 // the whole tile: S = Q·Kᵀ as kDim/16 wgmma with Q and K read from shared memory through matrix
-// descriptors, then O += P·V as 4 wgmma with P from registers (stage 09's two products). The split,
-// the ring, the masks, the online softmax and the partial outputs are split_kv.cu's; only the tile
-// layout changes, to the 128-byte-swizzled 64-column panels that wgmma's descriptors read, and the
-// ring's copies are cp.async, as there, so no tensor map is built per call.
+// descriptors, then O += P·V as 4 wgmma with P from registers (stage 09's two products), the
+// softmax of a tile running while the previous tile's P·V does (stage 10's overlap). The split, the
+// masks, the online softmax and the partial outputs are split_kv.cu's (split_kv_device.cuh); the
+// tile layout changes, to the 128-byte-swizzled 64-column panels that wgmma's descriptors read, and
+// the ring's copies stay cp.async, so no tensor map is built per call (README, "On Hopper: the 64
+// rows are one wgmma").
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -30,7 +32,7 @@
 #include "split_kv_device.cuh"
 
 // wgmma exists on sm_90a alone; this file builds for it alone (CMakeLists.txt), and the host calls
-// it only on a GPU of compute capability 9.0 (split_kv::runs_on_wgmma).
+// it only on a GPU of compute capability 9.0 (split_kv::block_kernel).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FA_STAGE12_WGMMA_CODE 1
 #else
@@ -272,7 +274,7 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
                             work.split, q_rows, o, lse, partial_out, partial_lse);
   launch_dependents();  // this block's rows are written: the merge kernel may launch
 #else
-  __trap();  // never launched: the host runs this kernel on sm_90 alone (runs_on_wgmma)
+  __trap();  // never launched: the host runs this kernel on sm_90 alone (block_kernel)
 #endif
 }
 
