@@ -7,9 +7,13 @@
 // and not, every head-dim bucket, both copy paths), with more than one split and with one, against
 // the double reference with the LSE; and a CUDA graph capture of one call.
 //
+// On an H100 or H200 the shapes of more than 16 packed rows up to D = 128 run the wgmma kernel
+// (split_kv_wgmma.cu), the others the mma.sync kernel.
+//
 // Structural tests (tests/structural_tests.cmake, SOURCE stages/12_split_kv/split_kv.cu, ARCH 80
 // and 90): mma.sync in both precisions, ldmatrix plain and transposing, cp.async, and a kernel of
-// each bucket; ptxas must report no spills. On a GPU older than sm_80 the GPU cases report skipped.
+// each bucket; split_kv_wgmma.cu for sm_90a: wgmma in both precisions and both operand kinds, the
+// proxy fence; ptxas must report no spills. On a GPU older than sm_80 the GPU cases report skipped.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
