@@ -88,7 +88,7 @@ int64_t wave_blocks(BlockKernel kernel, int sm_count, int memory_khz, int bus_bi
 
 KeySplit plan_split(const Problem& problem, int64_t wave_blocks) {
   if (hands_to_stage08(problem)) return {1, problem.kv_seq};
-  const int64_t base_blocks = problem.kv_heads_total() * ceil_div(problem.group_size() * problem.q_seq, kTileRows);
+  const int64_t base_blocks = split_grid(problem, {1, problem.kv_seq}).blocks;
   // As many splits as fit in one wave of blocks: one more would start a second, mostly empty wave.
   const int64_t wanted = std::max<int64_t>(1, wave_blocks / base_blocks);
   const int64_t most = std::min(kMaxSplits, std::max<int64_t>(1, problem.kv_seq / kMinChunkKeys));
@@ -96,6 +96,14 @@ KeySplit plan_split(const Problem& problem, int64_t wave_blocks) {
   // Whole tiles per chunk; rounding the chunk up may leave fewer chunks than asked for.
   const int64_t chunk_keys = ceil_div(ceil_div(problem.kv_seq, splits), kChunkAlign) * kChunkAlign;
   return {ceil_div(problem.kv_seq, chunk_keys), chunk_keys};
+}
+
+SplitGrid split_grid(const Problem& problem, const KeySplit& split) {
+  SplitGrid grid;
+  grid.packed_rows = problem.group_size() * problem.q_seq;
+  grid.row_tiles = ceil_div(grid.packed_rows, kTileRows);
+  grid.blocks = problem.kv_heads_total() * grid.row_tiles * split.splits;
+  return grid;
 }
 
 int64_t workspace_bytes(const Problem& problem, Pass pass) {
@@ -459,7 +467,10 @@ constexpr int kPartialsInFlight = 8;  // partial rows a warp loads before it use
 // splits are issued before any is used, so a warp costs its splits / kPartialsInFlight round trips.
 // With more splits than that, kWarpsPerRow = 4 warps share a row (a block a row), each taking every
 // fourth group of kPartialsInFlight splits, and add their sums through shared memory; otherwise a
-// warp takes a row of its own (four rows a block).
+// warp takes a row of its own (four rows a block). On Hopper this kernel starts while the split
+// kernel still runs (programmatic dependent launch), so it reads the partials with ld.global.cg
+// (__ldcg) after griddepcontrol.wait: through the read-only path (ld.global.nc, what a const
+// __restrict__ pointer gets) ptxas may schedule a load above the wait, and it did at D = 256.
 template <typename Element, int kDim, int kWarpsPerRow>
 __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
     merge_partials_kernel(const float* __restrict__ partial_out, const float* __restrict__ partial_lse,
@@ -483,13 +494,29 @@ __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
   // that sees no key at all has M = -inf, and weighs every chunk 2^(-inf - 0) = 0 instead of NaN.
   // This warp sums its share of the splits: kPartialsInFlight of them from part · kPartialsInFlight
   // on, then every kWarpsPerRow · kPartialsInFlight (the row's warps add their sums afterwards).
+  // The loads of its first share go out before the LSEs are read: neither waits for the other, so
+  // the two reads cost one round trip.
+  float partial[kPartialsInFlight][kDimsPerLane];
+  const auto load_partials = [&](int first) {
+#pragma unroll
+    for (int j = 0; j < kPartialsInFlight; ++j) {
+      const float* split_row = partial_out + ((first + j) * q_rows + row) * dim;
+#pragma unroll
+      for (int d = 0; d < kDimsPerLane; ++d) {
+        const int column = d * kWarpSize + lane;
+        partial[j][d] = first + j < splits && column < dim ? __ldcg(split_row + column) : 0.0f;
+      }
+    }
+  };
+  int first = part * kPartialsInFlight;
+  load_partials(first);
   constexpr int kMaxSplitsPerLane = static_cast<int>(split_kv::kMaxSplits) / kWarpSize;
   __shared__ float split_weights[kMergeWarps][split_kv::kMaxSplits];
   float split_lse[kMaxSplitsPerLane];  // LSE_s of splits lane, lane + 32, ...
 #pragma unroll
   for (int i = 0; i < kMaxSplitsPerLane; ++i) {
     const int split = i * kWarpSize + lane;
-    split_lse[i] = split < splits ? partial_lse[split * q_rows + row] : -INFINITY;
+    split_lse[i] = split < splits ? __ldcg(partial_lse + split * q_rows + row) : -INFINITY;
     row_max = fmaxf(row_max, split_lse[i]);
   }
 #pragma unroll
@@ -506,23 +533,15 @@ __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
   for (int width = kWarpSize / 2; width > 0; width /= 2) row_sum += __shfl_xor_sync(kFullWarp, row_sum, width);
   __syncwarp();  // every lane's weights are in shared memory
 #pragma unroll 1
-  for (int first = part * kPartialsInFlight; first < splits; first += kWarpsPerRow * kPartialsInFlight) {
-    float partial[kPartialsInFlight][kDimsPerLane];
-#pragma unroll
-    for (int j = 0; j < kPartialsInFlight; ++j) {
-      const float* split_row = partial_out + ((first + j) * q_rows + row) * dim;
-#pragma unroll
-      for (int d = 0; d < kDimsPerLane; ++d) {
-        const int column = d * kWarpSize + lane;
-        partial[j][d] = first + j < splits && column < dim ? split_row[column] : 0.0f;
-      }
-    }
+  while (first < splits) {
 #pragma unroll
     for (int j = 0; j < kPartialsInFlight; ++j) {
       const float weight = split_weights[warp][min(first + j, splits - 1)];
 #pragma unroll
       for (int d = 0; d < kDimsPerLane; ++d) merged[d] = fmaf(weight, partial[j][d], merged[d]);
     }
+    first += kWarpsPerRow * kPartialsInFlight;
+    if (first < splits) load_partials(first);
   }
   // EXERCISE END
   if constexpr (kWarpsPerRow > 1) {  // the row's warps add their sums into its first warp's
@@ -554,28 +573,14 @@ template <typename Element, int kDim, bool kAsync>
 Status launch_split(const ForwardArgs& args, const split_kv::KeySplit& split, bool keys_across_warps,
                     float* partial_out, float* partial_lse) {
   using T = Tiling<kDim>;
-  const Problem& problem = args.problem;
   const auto kernel = [&]() {
     if constexpr (T::kCanSplitKeys) {
       if (keys_across_warps) return &split_kv_kernel<Element, kDim, kAsync, true>;
     }
     return &split_kv_kernel<Element, kDim, kAsync, false>;
   }();
-  FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
-  const int64_t packed_rows = problem.group_size() * problem.q_seq;
-  const int64_t row_tiles = (packed_rows + T::kRows - 1) / T::kRows;
-  FA_STATUS_TRY(check_grid(problem.kv_heads_total() * row_tiles * split.splits));
-  const float scale_log2 = softmax_scale(problem) * kLog2e;
-  // Every count fits an int: the runner checked the problem against validate_problem's limits.
-  const auto blocks = static_cast<unsigned>(problem.kv_heads_total() * row_tiles * split.splits);
-  kernel<<<blocks, T::kThreads, T::kSharedBytes, args.stream>>>(
-      static_cast<const Element*>(args.q), static_cast<const Element*>(args.k), static_cast<const Element*>(args.v),
-      static_cast<Element*>(args.o), args.lse, partial_out, partial_lse, static_cast<int>(problem.q_seq),
-      static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim), static_cast<int>(packed_rows),
-      static_cast<int>(row_tiles), static_cast<int>(split.splits), static_cast<int>(split.chunk_keys), problem.q_rows(),
-      problem.causal, scale_log2);
-  FA_LAUNCH_TRY();
-  return Status();
+  return split_kv::launch_split_kernel<Element>(kernel, T::kThreads, T::kSharedBytes, args, split, partial_out,
+                                                partial_lse);
 }
 
 // The merge kernel, launched with programmatic stream serialization where the GPU has it
@@ -655,11 +660,16 @@ Status forward(const ForwardArgs& args) {
   return dispatch_head_dim<64, 128, kMaxDim>(problem.dim, [&](auto bucket) {
     constexpr int kDim = decltype(bucket)::value;
     const bool keys_across_warps = kernel == split_kv::BlockKernel::keys_across_warps;
-    const Status launched =
-        kernel == split_kv::BlockKernel::wgmma
-            ? split_kv::launch_wgmma_split<Element>(args, split, partial_out, partial_lse)
-        : async_copies ? launch_split<Element, kDim, true>(args, split, keys_across_warps, partial_out, partial_lse)
-                       : launch_split<Element, kDim, false>(args, split, keys_across_warps, partial_out, partial_lse);
+    const Status launched = [&]() {
+      if constexpr (kDim <= split_kv::kWgmmaMaxDim) {  // block_kernel picks wgmma up to that bucket only
+        if (kernel == split_kv::BlockKernel::wgmma) {
+          return split_kv::launch_wgmma_split<Element, kDim>(args, split, partial_out, partial_lse);
+        }
+      }
+      return async_copies
+                 ? launch_split<Element, kDim, true>(args, split, keys_across_warps, partial_out, partial_lse)
+                 : launch_split<Element, kDim, false>(args, split, keys_across_warps, partial_out, partial_lse);
+    }();
     if (!launched.ok() || !merge) return launched;
     return launch_merge<Element, kDim>(args, split, major >= 9, partial_out, partial_lse);
   });

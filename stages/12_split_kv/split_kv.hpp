@@ -81,13 +81,23 @@ struct KeySplit {
 // of at least kMinChunkKeys keys.
 KeySplit plan_split(const Problem& problem, int64_t wave_blocks);
 
+// The grid of a split kernel (either kind): each K/V head's packed rows in row tiles of kTileRows,
+// each tile's keys in `split.splits` chunks, one block each.
+struct SplitGrid {
+  int64_t packed_rows = 0;  // Hq/Hkv · Nq
+  int64_t row_tiles = 0;
+  int64_t blocks = 0;  // B·Hkv · row_tiles · splits
+};
+SplitGrid split_grid(const Problem& problem, const KeySplit& split);
+
 // FP32 partial outputs (splits × B·Hq·Nq × D) and their log-sum-exps (splits × B·Hq·Nq) when the
 // largest wave (kMaxSmCount SMs of kMaxBlocksPerSm blocks) would split; 0 otherwise.
 int64_t workspace_bytes(const Problem& problem, Pass pass);
 
 // Launches the wgmma split kernel (split_kv_wgmma.cu) of `args` for `split`, writing partials to
-// partial_out and partial_lse when it splits (null otherwise). Element: __half or __nv_bfloat16.
-template <typename Element>
+// partial_out and partial_lse when it splits (null otherwise). Element: __half or __nv_bfloat16;
+// kDim: the head-dim bucket, 64 or kWgmmaMaxDim.
+template <typename Element, int kDim>
 Status launch_wgmma_split(const ForwardArgs& args, const KeySplit& split, float* partial_out, float* partial_lse);
 
 }  // namespace fa::stages::split_kv

@@ -13,8 +13,11 @@
 #include <cstdint>
 
 #include "fa/causal.hpp"
+#include "fa/cuda_check.hpp"
 #include "fa/kernel/convert.cuh"
 #include "fa/kernel/exp2.cuh"
+#include "fa/launch.hpp"
+#include "fa/problem.hpp"
 #include "split_kv.hpp"
 
 namespace fa::stages::split_kv {
@@ -200,6 +203,26 @@ __device__ __forceinline__ void wait_for_prerequisite() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// Host side: launches a split kernel of either kind (both take these parameters) on split_grid's
+// blocks, `threads` a block, with `shared_bytes` of dynamic shared memory.
+template <typename Element, typename Kernel>
+Status launch_split_kernel(Kernel* kernel, int threads, int shared_bytes, const ForwardArgs& args,
+                           const KeySplit& split, float* partial_out, float* partial_lse) {
+  const Problem& problem = args.problem;
+  FA_STATUS_TRY(opt_in_shared_memory(kernel, shared_bytes));
+  const SplitGrid grid = split_grid(problem, split);
+  FA_STATUS_TRY(check_grid(grid.blocks));
+  // Every count fits an int: the runner checked the problem against validate_problem's limits.
+  kernel<<<static_cast<unsigned>(grid.blocks), threads, shared_bytes, args.stream>>>(
+      static_cast<const Element*>(args.q), static_cast<const Element*>(args.k), static_cast<const Element*>(args.v),
+      static_cast<Element*>(args.o), args.lse, partial_out, partial_lse, static_cast<int>(problem.q_seq),
+      static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim), static_cast<int>(grid.packed_rows),
+      static_cast<int>(grid.row_tiles), static_cast<int>(split.splits), static_cast<int>(split.chunk_keys),
+      problem.q_rows(), problem.causal, softmax_scale(problem) * kernel::kLog2e);
+  FA_LAUNCH_TRY();
+  return Status();
 }
 
 }  // namespace fa::stages::split_kv

@@ -20,14 +20,12 @@
 #include <cstdint>
 
 #include "fa/causal.hpp"
-#include "fa/cuda_check.hpp"
 #include "fa/kernel/convert.cuh"
 #include "fa/kernel/cp_async.cuh"
 #include "fa/kernel/exp2.cuh"
-#include "fa/kernel/mbarrier.cuh"
-#include "fa/kernel/tma.cuh"
+#include "fa/kernel/mbarrier.cuh"  // shared_address
+#include "fa/kernel/tma.cuh"       // fence_shared_for_async_proxy
 #include "fa/kernel/wgmma.cuh"
-#include "fa/launch.hpp"
 #include "split_kv.hpp"
 #include "split_kv_device.cuh"
 
@@ -184,11 +182,16 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
   // Tile `tile` lands: each thread waits for its copies and fences them, ordinary (generic-proxy)
   // writes to shared memory that wgmma reads through the async proxy (stage 09's README, "The
   // fence.proxy.async rule"); then the barrier, past which every thread has waited for the P·V of
-  // tile - 2, so its slot takes tile + kStages - 2.
-  const auto tile_landed = [&](int tile) {
+  // tile - 2, so its slot may take tile + kStages - 2.
+  const auto tile_landed = [&]() {
     wait_copies<T::kStages - 3>();
     fence_shared_for_async_proxy();
     __syncthreads();
+  };
+  // The refill of that slot, issued once the tile's wgmma are: the address arithmetic of a tile's
+  // copies is a few hundred instructions, and the one warp on each scheduler would otherwise run them
+  // before the tensor cores get their work.
+  const auto refill = [&](int tile) {
     if (tile + T::kStages - 2 < keys.tiles) issue_kv_tile(tile + T::kStages - 2);
     commit_copies();
   };
@@ -239,8 +242,9 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
   // warpgroup wait for P·V, rescale O by the new max and pack P.
   if (keys.tiles > 0) {
     float rescale[2];
-    tile_landed(0);
+    tile_landed();
     issue_scores(0);
+    refill(0);
     wgmma_wait<0>();
     fence_registers(scores);
     softmax(0, rescale);  // O is still zero: nothing to rescale
@@ -249,9 +253,10 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
 #pragma unroll 1
   for (int tile = 1; tile < keys.tiles; ++tile) {
     float rescale[2];
-    tile_landed(tile);
+    tile_landed();
     issue_scores(tile);
     issue_values(tile - 1);
+    refill(tile);
     wgmma_wait<1>();  // S of this tile has landed; P·V of the last one may still run
     fence_registers(scores);
     softmax(tile, rescale);
@@ -278,36 +283,18 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
 #endif
 }
 
-template <typename Element, int kDim>
-Status launch_wgmma(const ForwardArgs& args, const KeySplit& split, float* partial_out, float* partial_lse) {
-  using T = WgmmaTiling<kDim>;
-  const Problem& problem = args.problem;
-  const auto split_kernel = &wgmma_split_kernel<Element, kDim>;
-  FA_STATUS_TRY(opt_in_shared_memory(split_kernel, T::kSharedBytes));
-  const int64_t packed_rows = problem.group_size() * problem.q_seq;
-  const int64_t row_tiles = (packed_rows + T::kRows - 1) / T::kRows;
-  FA_STATUS_TRY(check_grid(problem.kv_heads_total() * row_tiles * split.splits));
-  const auto blocks = static_cast<unsigned>(problem.kv_heads_total() * row_tiles * split.splits);
-  split_kernel<<<blocks, T::kThreads, T::kSharedBytes, args.stream>>>(
-      static_cast<const Element*>(args.q), static_cast<const Element*>(args.k), static_cast<const Element*>(args.v),
-      static_cast<Element*>(args.o), args.lse, partial_out, partial_lse, static_cast<int>(problem.q_seq),
-      static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim), static_cast<int>(packed_rows),
-      static_cast<int>(row_tiles), static_cast<int>(split.splits), static_cast<int>(split.chunk_keys), problem.q_rows(),
-      problem.causal, softmax_scale(problem) * kernel::kLog2e);
-  FA_LAUNCH_TRY();
-  return Status();
-}
-
 }  // namespace
 
-template <typename Element>
+template <typename Element, int kDim>
 Status launch_wgmma_split(const ForwardArgs& args, const KeySplit& split, float* partial_out, float* partial_lse) {
-  return dispatch_head_dim<64, static_cast<int>(kWgmmaMaxDim)>(args.problem.dim, [&](auto bucket) {
-    return launch_wgmma<Element, decltype(bucket)::value>(args, split, partial_out, partial_lse);
-  });
+  using T = WgmmaTiling<kDim>;
+  return launch_split_kernel<Element>(&wgmma_split_kernel<Element, kDim>, T::kThreads, T::kSharedBytes, args, split,
+                                      partial_out, partial_lse);
 }
 
-template Status launch_wgmma_split<__half>(const ForwardArgs&, const KeySplit&, float*, float*);
-template Status launch_wgmma_split<__nv_bfloat16>(const ForwardArgs&, const KeySplit&, float*, float*);
+template Status launch_wgmma_split<__half, 64>(const ForwardArgs&, const KeySplit&, float*, float*);
+template Status launch_wgmma_split<__half, 128>(const ForwardArgs&, const KeySplit&, float*, float*);
+template Status launch_wgmma_split<__nv_bfloat16, 64>(const ForwardArgs&, const KeySplit&, float*, float*);
+template Status launch_wgmma_split<__nv_bfloat16, 128>(const ForwardArgs&, const KeySplit&, float*, float*);
 
 }  // namespace fa::stages::split_kv
