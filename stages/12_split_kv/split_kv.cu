@@ -468,12 +468,13 @@ constexpr int kPartialsInFlight = 8;  // partial rows a warp loads before it use
 // With more splits than that, kWarpsPerRow = 4 warps share a row (a block a row), each taking every
 // fourth group of kPartialsInFlight splits, and add their sums through shared memory; otherwise a
 // warp takes a row of its own (four rows a block). On Hopper this kernel starts while the split
-// kernel still runs (programmatic dependent launch), so it reads the partials with ld.global.cg
-// (__ldcg) after griddepcontrol.wait: through the read-only path (ld.global.nc, what a const
-// __restrict__ pointer gets) ptxas may schedule a load above the wait, and it did at D = 256.
+// kernel still runs (programmatic dependent launch), so the partials are not read-only data for
+// this kernel's lifetime: their pointers are not __restrict__, and the loads are ordinary ones that
+// stay below griddepcontrol.wait. Through the read-only path (ld.global.nc, what const __restrict__
+// pointers get) ptxas moved loads above the wait at D = 256.
 template <typename Element, int kDim, int kWarpsPerRow>
 __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
-    merge_partials_kernel(const float* __restrict__ partial_out, const float* __restrict__ partial_lse,
+    merge_partials_kernel(const float* partial_out, const float* partial_lse,
                           Element* __restrict__ o, float* __restrict__ lse, int64_t q_rows, int dim, int splits) {
 #if FA_STAGE12_DEVICE_CODE
   static_assert(kMergeWarps % kWarpsPerRow == 0, "a block holds whole rows");
@@ -504,7 +505,7 @@ __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
 #pragma unroll
       for (int d = 0; d < kDimsPerLane; ++d) {
         const int column = d * kWarpSize + lane;
-        partial[j][d] = first + j < splits && column < dim ? __ldcg(split_row + column) : 0.0f;
+        partial[j][d] = first + j < splits && column < dim ? split_row[column] : 0.0f;
       }
     }
   };
@@ -516,7 +517,7 @@ __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
 #pragma unroll
   for (int i = 0; i < kMaxSplitsPerLane; ++i) {
     const int split = i * kWarpSize + lane;
-    split_lse[i] = split < splits ? __ldcg(partial_lse + split * q_rows + row) : -INFINITY;
+    split_lse[i] = split < splits ? partial_lse[split * q_rows + row] : -INFINITY;
     row_max = fmaxf(row_max, split_lse[i]);
   }
 #pragma unroll
