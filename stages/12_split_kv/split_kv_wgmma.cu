@@ -237,9 +237,11 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
     online_softmax<kScoreTiles>(scores, row_max, row_sum, rescale, scale_log2);
   };
 
-  // Stage 10's overlap within one warpgroup: S of a tile and P·V of the one before go to the tensor
-  // cores together, and the softmax of the tile runs while P·V still does. Only then does the
-  // warpgroup wait for P·V, rescale O by the new max and pack P.
+  // Stage 10's order within one warpgroup: S of a tile and P·V of the one before go to the tensor
+  // cores together, then the refill's copies, then the softmax of the tile, written to run while
+  // P·V still does; only then does the warpgroup wait for P·V, rescale O by the new max and pack P.
+  // (ptxas 13.0 hoists that wait above the softmax's exponentials: the copies are what overlaps
+  // the tensor cores. README, "Where the time goes".)
   if (keys.tiles > 0) {
     float rescale[2];
     tile_landed();
