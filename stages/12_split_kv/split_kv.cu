@@ -118,9 +118,7 @@ int64_t workspace_bytes(const Problem& problem, Pass pass) {
 namespace {
 
 using kernel::commit_copies;
-using kernel::copy_async_16;
 using kernel::fast_exp2;
-using kernel::kLog2e;
 using kernel::load_matrices;
 using kernel::load_matrices_transposed;
 using kernel::mma_16x8x16;
@@ -182,16 +180,9 @@ __device__ __forceinline__ void load_tile(Element* tile, const Element* source, 
   constexpr int kChunksPerRow = kDim / kChunkElements;
   constexpr int kThreads = Tiling<kDim>::kThreads;
   if constexpr (kAsync) {
-    static_assert(kRows * kChunksPerRow % kThreads == 0, "every thread copies the same number of chunks");
-#pragma unroll
-    for (int pass = 0; pass < kRows * kChunksPerRow / kThreads; ++pass) {
-      const int index = pass * kThreads + threadIdx.x;
-      const int row = index / kChunksPerRow;
-      const int chunk = index % kChunksPerRow;
-      const bool inside = row < valid_rows && chunk * kChunkElements < dim;
-      copy_async_16(tile + swizzled_chunk_index<kChunksPerRow>(row, chunk) * kChunkElements,
-                    inside ? source + row * dim + chunk * kChunkElements : source, inside ? kChunkBytes : 0);
-    }
+    split_kv::copy_rows_async<kDim, kRows, kThreads>(
+        reinterpret_cast<unsigned char*>(tile), source, valid_rows, dim,
+        [](int row, int chunk) { return swizzled_chunk_index<kChunksPerRow>(row, chunk) * kChunkBytes; });
   } else {
 #pragma unroll 1
     for (int index = threadIdx.x; index < kRows * kDim; index += kThreads) {
@@ -474,8 +465,8 @@ constexpr int kPartialsInFlight = 8;  // partial rows a warp loads before it use
 // pointers get) ptxas moved loads above the wait at D = 256.
 template <typename Element, int kDim, int kWarpsPerRow>
 __global__ void __launch_bounds__(kMergeWarps* kWarpSize)
-    merge_partials_kernel(const float* partial_out, const float* partial_lse,
-                          Element* __restrict__ o, float* __restrict__ lse, int64_t q_rows, int dim, int splits) {
+    merge_partials_kernel(const float* partial_out, const float* partial_lse, Element* __restrict__ o,
+                          float* __restrict__ lse, int64_t q_rows, int dim, int splits) {
 #if FA_STAGE12_DEVICE_CODE
   static_assert(kMergeWarps % kWarpsPerRow == 0, "a block holds whole rows");
   constexpr int kDimsPerLane = kDim / kWarpSize;

@@ -43,7 +43,6 @@ namespace {
 
 using kernel::advance_descriptor;
 using kernel::commit_copies;
-using kernel::copy_async_16;
 using kernel::fence_registers;
 using kernel::fence_shared_for_async_proxy;
 using kernel::matrix_descriptor;
@@ -60,7 +59,6 @@ constexpr int kPanelRowBytes = 128;                           // ... in bytes
 constexpr int kSwizzleRows = 8;                               // the swizzle permutes the 16-byte chunks of every 8 rows
 constexpr int kSwizzleBytes = kSwizzleRows * kPanelRowBytes;  // its period: tiles start 1024-aligned
 constexpr int kChunkBytes = 16;                               // one cp.async
-constexpr int kChunkElements = kChunkBytes / 2;
 
 // One head-dim bucket (64 or 128): one warpgroup on a 64-row tile, a ring of kStages 64-key stages.
 // At D = 128, 16 KB of Q and 32 KB a stage.
@@ -84,26 +82,14 @@ struct WgmmaTiling {
 };
 
 // Copies kRows rows of a (rows × dim) matrix into 64-column panels as TMA's 128-byte swizzle lays
-// them out: chunk c of row r at panel c / 8, row r, chunk (c % 8) ^ (r % 8). Zeros past
-// `valid_rows` and past `dim` (a multiple of 8 here). Consecutive threads copy consecutive chunks
-// of a row: whole lines of global memory.
+// them out: chunk c of row r at panel c / 8, row r, chunk (c % 8) ^ (r % 8).
 template <typename Element, int kDim, int kRows>
 __device__ __forceinline__ void load_panels(unsigned char* tile, const Element* source, int valid_rows, int dim) {
-  constexpr int kChunksPerRow = kDim / kChunkElements;
-  constexpr int kThreads = WgmmaTiling<kDim>::kThreads;
   constexpr int kChunksPerPanelRow = kPanelRowBytes / kChunkBytes;
-  static_assert(kRows * kChunksPerRow % kThreads == 0, "every thread copies the same number of chunks");
-#pragma unroll
-  for (int pass = 0; pass < kRows * kChunksPerRow / kThreads; ++pass) {
-    const int index = pass * kThreads + threadIdx.x;
-    const int row = index / kChunksPerRow;
-    const int chunk = index % kChunksPerRow;
-    const bool inside = row < valid_rows && chunk * kChunkElements < dim;
-    const int offset = chunk / kChunksPerPanelRow * kRows * kPanelRowBytes + row * kPanelRowBytes +
-                       (chunk % kChunksPerPanelRow ^ row % kSwizzleRows) * kChunkBytes;
-    copy_async_16(tile + offset, inside ? source + row * dim + chunk * kChunkElements : source,
-                  inside ? kChunkBytes : 0);
-  }
+  copy_rows_async<kDim, kRows, WgmmaTiling<kDim>::kThreads>(tile, source, valid_rows, dim, [](int row, int chunk) {
+    return chunk / kChunksPerPanelRow * kRows * kPanelRowBytes + row * kPanelRowBytes +
+           (chunk % kChunksPerPanelRow ^ row % kSwizzleRows) * kChunkBytes;
+  });
 }
 
 // One block: up to 64 packed query rows of one K/V head's group against one chunk of its keys, the
