@@ -143,6 +143,25 @@ def rest_until_clock_recovers(torch) -> None:
             return
 
 
+RELEASE_SETTLE_S_PER_GIB = 0.005  # twice the 2.5 ms per GiB measured on an H200
+
+
+def release_cached_memory(torch) -> float:
+    """torch.cuda.empty_cache(), then a pause while the driver clears what it took back; the GiB
+    released. The driver scrubs device memory given back with cudaFree in the background, and while
+    it does, every memory-bound kernel runs slower. Measured on an H200 (a decoding call that reads
+    268 MB, timed over and over right after releasing N GiB): 12 % slower, our stage and cuDNN alike,
+    for 2.4 ms after 1 GiB, 5 ms after 2, 10 ms after 4, 20 ms after 8. The runner releases before
+    each shape and times our stage first, within 10 ms at short decoding shapes: at B = 16, Nq = 1,
+    Nk = 4096, after the 2 GiB of the B = 4, Nk = 262144 shape, it had measured 0.074 ms where the
+    kernel takes 0.066. The pause is RELEASE_SETTLE_S_PER_GIB for each GiB released."""
+    reserved = torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    released_gib = (reserved - torch.cuda.memory_reserved()) / 2**30
+    time.sleep(released_gib * RELEASE_SETTLE_S_PER_GIB)
+    return released_gib
+
+
 def event_times_ms(torch, call: Callable[[], object], warmup: int, reps: int,
                    before_each: Callable[[], object] = None) -> List[float]:
     """Rests the GPU until its clock is up (rest_until_clock_recovers), runs `call` warmup times

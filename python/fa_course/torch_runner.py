@@ -56,7 +56,7 @@ from . import results
 from .capi import FA_INVALID_SHAPE, FA_UNSUPPORTED, FaError, Library, Stage
 from .shapes import Problem
 from .torch_gpu import (L2Flush, TorchUnavailable, disable_tf32, event_times_ms, graph_replay, load_sdpa, precision_of,
-                        torch_dtype)
+                        release_cached_memory, torch_dtype)
 
 # row name -> SDPBackend member (None: PyTorch's own choice)
 PEERS: Dict[str, Optional[str]] = {
@@ -601,7 +601,7 @@ class TorchRunner:
             workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device="cuda") if workspace_bytes else None
         except torch.cuda.OutOfMemoryError:
             out = lse = workspace = None
-            torch.cuda.empty_cache()
+            release_cached_memory(torch)
             self.row(name, problem, precision, status="oom", peak_bytes=io_bytes + workspace_bytes,
                      source_hash=stage.source_hash, note=f"{self.free_bytes()} bytes free")
             return
@@ -675,7 +675,7 @@ class TorchRunner:
                     result = first(call)
                     torch.cuda.synchronize()
                 except torch.cuda.OutOfMemoryError as error:
-                    torch.cuda.empty_cache()
+                    release_cached_memory(torch)
                     self.row(peer, problem, precision, status="oom", peak_bytes=input_bytes + oom_bytes(error),
                              note=f"{self.free_bytes()} bytes free", **fields)
                     return
@@ -688,7 +688,7 @@ class TorchRunner:
             try:
                 measure(call, result, peak)
             except torch.cuda.OutOfMemoryError as error:
-                torch.cuda.empty_cache()
+                release_cached_memory(torch)
                 self.row(peer, problem, precision, status="oom", peak_bytes=input_bytes + oom_bytes(error),
                          note=f"{self.free_bytes()} bytes free", **fields)
             except RuntimeError as error:
@@ -737,7 +737,7 @@ class TorchRunner:
             forward_workspace = torch.empty(forward_bytes, dtype=torch.uint8, device="cuda") if forward_bytes else None
             workspace = torch.empty(backward_bytes, dtype=torch.uint8, device="cuda") if backward_bytes else None
         except torch.cuda.OutOfMemoryError:
-            torch.cuda.empty_cache()
+            release_cached_memory(torch)
             self.row(name, problem, precision, status="oom", peak_bytes=io_bytes + backward_bytes,
                      source_hash=stage.source_hash, note=f"{self.free_bytes()} bytes free", **{"pass": pass_})
             return
@@ -858,11 +858,11 @@ class TorchRunner:
             if not ours and not peers:
                 continue
             self.print(f"{problem.describe()} {precision}")
-            torch.cuda.empty_cache()
+            release_cached_memory(torch)
             try:
                 inputs = make_inputs(torch, problem, precision, self.config.seed)
             except torch.cuda.OutOfMemoryError:
-                torch.cuda.empty_cache()
+                release_cached_memory(torch)
                 self.skipped.append(f"{problem.describe()} {precision}: the inputs alone do not fit in device memory")
                 continue
             for causal in causal_modes:
