@@ -143,18 +143,19 @@ def rest_until_clock_recovers(torch) -> None:
             return
 
 
-RELEASE_SETTLE_S_PER_GIB = 0.005  # twice the 2.5 ms per GiB measured on an H200
+RELEASE_SETTLE_S_PER_GIB = 0.005  # twice the 2.5 ms per GiB measured on an H200 and an H100
 
 
 def release_cached_memory(torch) -> float:
     """torch.cuda.empty_cache(), then a pause while the driver clears what it took back; the GiB
     released. The driver scrubs device memory given back with cudaFree in the background, and while
-    it does, every memory-bound kernel runs slower. Measured on an H200 (a decoding call that reads
-    268 MB, timed over and over right after releasing N GiB): 12 % slower, our stage and cuDNN alike,
-    for 2.4 ms after 1 GiB, 5 ms after 2, 10 ms after 4, 20 ms after 8. The runner releases before
-    each shape and times our stage first, within 10 ms at short decoding shapes: at B = 16, Nq = 1,
-    Nk = 4096, after the 2 GiB of the B = 4, Nk = 262144 shape, it had measured 0.074 ms where the
-    kernel takes 0.066. The pause is RELEASE_SETTLE_S_PER_GIB for each GiB released."""
+    it does, every memory-bound kernel runs slower. Measured (a decoding call that reads 268 MB, timed
+    over and over right after releasing N GiB): 12 % slower on an H200, 17 % on an H100, our stage
+    and cuDNN alike, for 2.2-2.4 ms after 1 GiB, 5 ms after 2, 10 ms after 4, 20 ms after 8 on both.
+    The runner releases before each shape and times our stage first, within 10 ms at short decoding
+    shapes: at B = 16, Nq = 1, Nk = 4096, after the B = 4, Nk = 262144 shape gave back about 8 GiB,
+    it had measured 0.074 ms where the kernel takes 0.066. The pause is RELEASE_SETTLE_S_PER_GIB for
+    each GiB released."""
     reserved = torch.cuda.memory_reserved()
     torch.cuda.empty_cache()
     released_gib = (reserved - torch.cuda.memory_reserved()) / 2**30
