@@ -11,7 +11,9 @@
 //   - Overlap inside a warpgroup: S of the next tile is issued together with O += P·V of the
 //     current one, and the warpgroup waits for S alone (wgmma.wait_group 1) before it computes that
 //     tile's softmax, while P·V is still on the tensor cores. It costs registers: S of the next
-//     tile, P of the current one and O are all live at once.
+//     tile, P of the current one and O are all live at once. (That is the source's order. ptxas
+//     13.0 moves the wait for P·V up to the start of the softmax: README, "What the compiler made
+//     of it".)
 //   - Ping-pong between warpgroups: the consumer warpgroups take turns to issue their products,
 //     ordered by named barriers (bar.sync to take the turn, bar.arrive to pass it on), so that one
 //     warpgroup's products run while the other computes its softmax.
@@ -446,7 +448,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // t and O += P·V of tile t - 1 together; it waits for S alone (wait_group 1: at most one
       // group, the P·V, still running) and computes tile t's softmax while P·V of tile t - 1 is
       // still on the tensor cores. Only then does it wait for P·V, rescale O by the new max and
-      // overwrite P. A piece whose rows see no key takes no turn at all.
+      // overwrite P. (In the SASS the wait for P·V comes before the softmax's exponentials: README,
+      // "What the compiler made of it".) A piece whose rows see no key takes no turn at all.
       const int tiles = piece.tiles;
       if (tiles > 0) {
         float rescale[2];
