@@ -49,7 +49,7 @@ inline bool keys_across_warps(const Problem& problem) {
 // instead (split_kv_wgmma.cu, built for sm_90a, which runs on those GPUs alone): its 64 rows are one
 // wgmma tile, multiplied by one warpgroup. Up to D = kWgmmaMaxDim, with whole 16-byte chunks (the
 // cp.async ring). The ring holds kWgmmaStages 64-key stages (144 KB at D = 128): a tile's slot is
-// refilled two tiles after it lands, since its P·V runs beside the next tile's softmax, and so two
+// refilled two tiles after it lands, since its P·V is issued with the next tile's S, and so two
 // tiles are in flight behind the one in hand. One such block per SM streams about its share of the
 // bandwidth, and fewer blocks mean fewer splits (README, "On Hopper: the 64 rows are one wgmma").
 constexpr int64_t kWgmmaMaxDim = 128;

@@ -6,12 +6,13 @@
 // kernel keeps the tensor pipe busy only a third of the time and reads K and V at three quarters of
 // the read ceiling (README, "What limits it"). Here one warpgroup (the same four warps) multiplies
 // the whole tile: S = Q·Kᵀ as kDim/16 wgmma with Q and K read from shared memory through matrix
-// descriptors, then O += P·V as 4 wgmma with P from registers (stage 09's two products), the
-// softmax of a tile running while the previous tile's P·V does (stage 10's overlap). The split, the
-// masks, the online softmax and the partial outputs are split_kv.cu's (split_kv_device.cuh); the
-// tile layout changes, to the 128-byte-swizzled 64-column panels that wgmma's descriptors read, and
-// the ring's copies stay cp.async, so no tensor map is built per call (README, "On Hopper: the 64
-// rows are one wgmma").
+// descriptors, then O += P·V as 4 wgmma with P from registers (stage 09's two products), in stage
+// 10's order: a tile's S issued with the previous tile's P·V (ptxas places the wait for that P·V
+// before the softmax, as in stage 10: README, "Where the time goes"). The split, the masks, the
+// online softmax and the partial outputs are split_kv.cu's (split_kv_device.cuh); the tile layout
+// changes, to the 128-byte-swizzled 64-column panels that wgmma's descriptors read, and the ring's
+// copies stay cp.async, so no tensor map is built per call (README, "On Hopper: the 64 rows are one
+// wgmma").
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
