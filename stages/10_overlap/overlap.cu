@@ -47,6 +47,7 @@
 #include "fa/kernel/launch_order.cuh"
 #include "fa/kernel/mbarrier.cuh"
 #include "fa/kernel/tma.cuh"
+#include "fa/kernel/warp.cuh"
 #include "fa/kernel/wgmma.cuh"
 #include "fa/launch.hpp"
 #include "fa/problem.hpp"
@@ -63,10 +64,11 @@
 namespace fa::stages {
 namespace {
 
+using kernel::kLn2;
 using kernel::kWarpgroupThreads;
+using kernel::kWarpSize;
 using kernel::pack_pair;
 
-constexpr int kWarpSize = 32;
 constexpr int kMmaRows = 64;         // the M of every wgmma: the query rows of one consumer warpgroup
 constexpr int kMmaDepth = 16;        // the K of a 16-bit wgmma: 16 dims for QKᵀ, 16 keys for PV
 constexpr int kMmaColumns = 8;       // columns per accumulator tile (the mma.m16n8 layout of stage 08)
@@ -78,7 +80,6 @@ constexpr int kSwizzleBytes = kSwizzleRows * kPanelRowBytes;
 constexpr int kAlignElements = 8;  // TMA: a row's byte stride is a multiple of 16
 constexpr int kMaxDim = 256;
 constexpr int kSharedBytesPerBlock = 227 * 1024;  // H100/H200: the opt-in limit of one block
-constexpr float kLn2 = 0.6931471805599453f;       // LSE leaves log2 units: ln x = log2 x · ln 2
 // Named barriers: 0 is __syncthreads, 1 + c the epilogue of consumer c, kTurnBarrier + c its turn.
 constexpr int kTurnBarrier = 4;
 
