@@ -159,21 +159,33 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   const auto key_slot = [&](int slot) { return ring + 2 * slot * T::kKvTileBytes; };
   const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * T::kKvTileBytes; };
 
-  // Which (query tile, query head) this block computes, heaviest first under the causal mask
-  // (kernel/launch_order.cuh), and the K/V head of its group.
-  const BlockWork work = block_work(blockIdx.x, query_tiles, heads_total, causal);
-  const int query_head = static_cast<int>(work.query_head);
-  const int kv_head = static_cast<int>(kv_head_of(work.query_head, q_heads, kv_heads));
-  const int block_first_row = work.query_tile * T::kQueryRows;
+  // The piece: which (query tile, query head), heaviest first under the causal mask
+  // (kernel/launch_order.cuh), the K/V head of its group, and the K/V tiles it sees (stage 08): all
+  // of them, or with the causal mask those its last valid row sees; tiles past that are never
+  // loaded. Keys below `unmasked_keys` are visible to every row of the piece, so only tiles reaching
+  // past it need the mask. The producer and the consumers compute the same piece and counts: every
+  // tile the producer loads is consumed.
+  struct Piece {
+    int query_head;
+    int kv_head;
+    int first_row;
+    int unmasked_keys;
+    int tiles;
+  };
+  const auto piece_at = [&](int64_t index) {
+    const BlockWork work = block_work(index, query_tiles, heads_total, causal);
+    Piece piece;
+    piece.query_head = static_cast<int>(work.query_head);
+    piece.kv_head = static_cast<int>(kv_head_of(work.query_head, q_heads, kv_heads));
+    piece.first_row = work.query_tile * T::kQueryRows;
+    const int last_row = min(q_seq, piece.first_row + T::kQueryRows) - 1;
+    const int key_end = causal ? static_cast<int>(causal_key_end(last_row, q_seq, kv_seq)) : kv_seq;
+    piece.unmasked_keys = causal ? static_cast<int>(causal_key_end(piece.first_row, q_seq, kv_seq)) : kv_seq;
+    piece.tiles = (key_end + T::kKeys - 1) / T::kKeys;
+    return piece;
+  };
 
-  // Keys the block must see (stage 08): all of them, or with the causal mask those its last valid
-  // row sees; tiles past that are never loaded. Keys below `unmasked_keys` are visible to every row
-  // of the block, so only tiles reaching past it need the mask. The producer and the consumers
-  // compute the same count: every tile the producer loads is consumed.
-  const int last_row = min(q_seq, block_first_row + T::kQueryRows) - 1;
-  const int key_end = causal ? static_cast<int>(causal_key_end(last_row, q_seq, kv_seq)) : kv_seq;
-  const int unmasked_keys = causal ? static_cast<int>(causal_key_end(block_first_row, q_seq, kv_seq)) : kv_seq;
-  const int tiles = (key_end + T::kKeys - 1) / T::kKeys;
+  const Piece piece = piece_at(blockIdx.x);
 
   // One thread sets up the barriers. A "full" barrier expects one arrival (the producer's, which
   // also announces the bytes to come); "slot free" expects one arrival from each consumer warp.
@@ -201,13 +213,13 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // Q: one box of Br rows x 64 columns per panel, all completing on query_full. Rows past Nq
       // (the last query tile) arrive as zeros.
       barrier_arrive_expect_bytes(query_full, T::kQueryTileBytes);
-      copy_tile_to_shared<T::kPanels, T::kQueryPanelBytes>(query_tile, &query_map, query_full, block_first_row,
-                                                           query_head);
+      copy_tile_to_shared<T::kPanels, T::kQueryPanelBytes>(query_tile, &query_map, query_full, piece.first_row,
+                                                           piece.query_head);
       // The ring: tile t goes to slot t % kStages. Before reusing a slot (from the second pass on)
       // wait until all consumer warps have released it: the phase that completed on their
       // (t / kStages)-th release, parity (t / kStages - 1) % 2. K and V have barriers of their own,
       // so QKᵀ can start while V is still on its way.
-      for (int tile = 0; tile < tiles; ++tile) {
+      for (int tile = 0; tile < piece.tiles; ++tile) {
         const int slot = tile % T::kStages;
         const int pass = tile / T::kStages;
         if (pass > 0) barrier_wait(&slot_free[slot], (pass - 1) & 1);
@@ -215,12 +227,12 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         barrier_arrive_expect_bytes(&key_full[slot], T::kKvTileBytes);
         for (int panel = 0; panel < T::kPanels; ++panel) {
           copy_box_to_shared(shared_address(key_slot(slot) + panel * T::kKvPanelBytes), &key_map,
-                             shared_address(&key_full[slot]), panel * kPanelColumns, key_base, kv_head);
+                             shared_address(&key_full[slot]), panel * kPanelColumns, key_base, piece.kv_head);
         }
         barrier_arrive_expect_bytes(&value_full[slot], T::kKvTileBytes);
         for (int panel = 0; panel < T::kPanels; ++panel) {
           copy_box_to_shared(shared_address(value_slot(slot) + panel * T::kKvPanelBytes), &value_map,
-                             shared_address(&value_full[slot]), panel * kPanelColumns, key_base, kv_head);
+                             shared_address(&value_full[slot]), panel * kPanelColumns, key_base, piece.kv_head);
         }
       }
     }
@@ -235,7 +247,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // columns 2·quad and 2·quad + 1 (the layout of stage 08's mma.m16n8k16).
     const int group = lane / 4;
     const int quad = lane % 4;
-    const int consumer_first_row = block_first_row + consumer * kMmaRows;
+    const int consumer_first_row = piece.first_row + consumer * kMmaRows;
     const int warp_first_row = consumer_first_row + warp * 16;
 
     // The keys row `group + 8·half` of this warp sees end below this limit (causal_key_end's rule
@@ -270,7 +282,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     barrier_wait(query_full, 0);
 
 #pragma unroll 1
-    for (int tile = 0; tile < tiles; ++tile) {
+    for (int tile = 0; tile < piece.tiles; ++tile) {
       const int slot = tile % T::kStages;
       const unsigned parity = (tile / T::kStages) & 1;  // pass n of the ring waits for phase n
       const int key_base = tile * T::kKeys;
@@ -289,7 +301,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // key_base + 8j + 2·quad + e % 2 of the top row (e < 2) or the bottom row (e >= 2). Mask
       // only tiles that reach past the keys every row sees (the diagonal, the partial last tile:
       // its zero-filled keys must weigh nothing, so -inf, never 0).
-      if (key_base + T::kKeys > unmasked_keys) mask_scores<kScoreTiles>(scores, key_base, quad, key_limit);
+      if (key_base + T::kKeys > piece.unmasked_keys) mask_scores<kScoreTiles>(scores, key_base, quad, key_limit);
       float rescale[2];
       online_softmax<kScoreTiles>(scores, row_max, row_sum, rescale, scale_log2);
 #pragma unroll
@@ -333,7 +345,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // warpgroup's own 64 rows of the Q tile (no longer read by anyone: its last wgmma has
     // completed), swizzled like the tiles TMA writes; then written out.
     stage_output_rows<Element, kDim, T::kQueryPanelBytes>(out, row_max, row_sum, query_tile, consumer * kMmaRows, warp,
-                                                          group, quad, consumer_first_row, q_seq, lse, query_head);
+                                                          group, quad, consumer_first_row, q_seq, lse,
+                                                          piece.query_head);
     if (store_by_copy_engine) {
       // The staged rows were written by ordinary stores; TMA reads them through the async proxy.
       // Each writing thread fences, the warpgroup meets at its own barrier, then one thread stores
@@ -343,14 +356,14 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       sync_threads(1 + consumer, kWarpgroupThreads);
       if (thread == 0 && consumer_first_row < q_seq) {
         store_staged_rows<T::kPanels, T::kQueryPanelBytes>(&out_map, query_tile, consumer * kMmaRows,
-                                                           consumer_first_row, query_head);
+                                                           consumer_first_row, piece.query_head);
         wait_stores_read();
       }
     } else {
       // The fallback (D not a multiple of 8, or O off a 16-byte boundary): element by element.
       sync_threads(1 + consumer, kWarpgroupThreads);
       copy_staged_rows<Element, T::kQueryPanelBytes>(o, query_tile, consumer * kMmaRows, thread, consumer_first_row,
-                                                     q_seq, dim, query_head);
+                                                     q_seq, dim, piece.query_head);
     }
   }
 #else
