@@ -21,7 +21,7 @@ if(NOT CMAKE_SCRIPT_MODE_FILE)
     set(restamp_python "${PROJECT_SOURCE_DIR}/.venv/bin/python")  # pip's cuobjdump, when the toolkit has none
   endif()
   add_test(NAME "restamp: machine code compared, restamps chained, methods hashed"
-    COMMAND ${restamp_python} -m unittest discover -s ${PROJECT_SOURCE_DIR}/tests/restamp -t ${PROJECT_SOURCE_DIR})
+    COMMAND ${restamp_python} -m unittest discover -s ${PROJECT_SOURCE_DIR}/tests/restamp -t ${PROJECT_SOURCE_DIR}/tests/restamp)
   set_tests_properties("restamp: machine code compared, restamps chained, methods hashed"
     PROPERTIES ENVIRONMENT "PYTHONPATH=${PROJECT_SOURCE_DIR}/python;PYTHONDONTWRITEBYTECODE=1;CUDACXX=${CMAKE_CUDA_COMPILER}")
   return()
