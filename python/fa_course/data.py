@@ -418,6 +418,7 @@ def main(argv=None):
     stale_parser.add_argument("--root", default=REPO, help="the source tree (default: %(default)s)")
     stale_parser.add_argument("--fail", action="store_true", help="exit 1 when a row is stale")
     stale_parser.add_argument("--brief", action="store_true", help="one line: how many rows are current")
+    stale_parser.add_argument("--kinds", nargs="+", metavar="KIND", help="only these kinds (e.g. results memory)")
     rewrite_parser = commands.add_parser("rewrite", help="rewrite the files in the current columns, sorted")
     rewrite_parser.add_argument("folder")
     args = parser.parse_args(argv)
@@ -436,6 +437,11 @@ def main(argv=None):
                 print(f"{args.new}: no rows to merge")
         elif args.command == "stale":
             report = stale(args.folder, args.root)
+            unknown = sorted(set(args.kinds or []) - {r for r in KINDS if KINDS[r].schema_kind == "results"})
+            if unknown:
+                raise DataError(f"--kinds: {', '.join(unknown)} carry no source_hash (the kinds: "
+                                f"{', '.join(k for k in KINDS if KINDS[k].schema_kind == 'results')})")
+            report = [r for r in report if not args.kinds or r["kind"] in args.kinds]
             total = {s: sum(r[s] for r in report) for s in ("rows", "current", "restamped", "stale")}
             behind = sorted({f"{r['kind']} {r['stage']}" for r in report if r["stale"]})
             if not args.brief:
