@@ -9,6 +9,7 @@
   scripts/source_hash.py --header OUT --stage 04_online_softmax [--nvcc-version 13.0.88]
                                                   # writes OUT = #define FA_SOURCE_HASH "..." (CMake)
   scripts/source_hash.py --normalized FILE        # the text that is hashed for FILE (debugging)
+  scripts/source_hash.py --check-build BUILD      # every file the compiler read for a stage is in its hash
   --root DIR                                      # another tree than this script's repository
 
 A stage's hash covers what decides its rows, and nothing else:
@@ -458,6 +459,50 @@ def stages(root=ROOT):
                   os.path.isdir(os.path.join(folder, s)))
 
 
+def compiler_dependencies(build):
+    """{object (relative to the build folder): [the files it was compiled from, absolute]} as the
+    compiler reported them: Ninja's log of the depfiles (ninja -t deps), else the *.d files a
+    Makefile build keeps."""
+    found = {}
+    if os.path.exists(os.path.join(build, "build.ninja")):
+        text = subprocess.run(["ninja", "-C", build, "-t", "deps"], capture_output=True, text=True, check=True).stdout
+        current = None
+        for line in text.splitlines():
+            if line and not line[0].isspace() and ": #deps" in line:
+                current = line.split(": #deps")[0]
+                found[current] = []
+            elif line.strip() and current:
+                found[current].append(os.path.normpath(os.path.join(build, line.strip())))
+    else:
+        for directory, _, names in os.walk(build):
+            for name in (n for n in names if n.endswith(".d")):
+                with open(os.path.join(directory, name)) as handle:
+                    body = handle.read().replace("\\\n", " ")
+                target, _, files = body.partition(": ")
+                found[os.path.relpath(os.path.join(directory, name[:-2]), build)] = [
+                    os.path.normpath(os.path.join(build, f)) for f in files.split()]
+    return found
+
+
+def check_dependencies(build, root=ROOT):
+    """The files the compiler read for each stage's objects (stages/<stage>/ of the build) that its
+    hash does not cover: [] when stage_files() holds every file of the tree the compiler read."""
+    missing = []
+    dependencies = compiler_dependencies(build)
+    if not dependencies:
+        raise FileNotFoundError(f"source_hash: no compiler dependency information in {build} (build it first)")
+    for stage in stages(root):
+        covered = set(stage_files(stage, root))
+        for target, files in sorted(dependencies.items()):
+            if not target.replace(os.sep, "/").startswith(f"stages/{stage}/"):
+                continue
+            for path in files:
+                relative = os.path.relpath(path, root).replace(os.sep, "/")
+                if relative.startswith(("stages/", "common/")) and relative not in covered:
+                    missing.append(f"{stage}: {target} was compiled from {relative}")
+    return missing
+
+
 def write_header(output, stage, root=ROOT, nvcc=None):
     """Writes the C header with FA_SOURCE_HASH, only when its text changed (nothing rebuilds
     needlessly). Returns the hash."""
@@ -489,6 +534,8 @@ def main(argv=None):
     parser.add_argument("--method", choices=sorted(METHODS), help="print a method's hash (--files: its files)")
     parser.add_argument("--nvcc-version", help="the nvcc version (default: ask nvcc)")
     parser.add_argument("--normalized", metavar="FILE", help="print FILE as it is hashed")
+    parser.add_argument("--check-build", metavar="BUILD", help="fail unless every file of the tree the compiler "
+                        "read for a stage's objects in BUILD is in the stage's hash")
     parser.add_argument("--root", default=ROOT, help="the repository root (default: %(default)s)")
     args = parser.parse_args(argv)
     root = os.path.abspath(args.root)
@@ -496,6 +543,13 @@ def main(argv=None):
     try:
         if args.normalized:
             print(normalize(args.normalized, read_text(args.normalized)))
+        elif args.check_build:
+            missing = check_dependencies(os.path.abspath(args.check_build), root)
+            for line in missing:
+                print(f"not in the stage's hash: {line}")
+            if missing:
+                return 1
+            print(f"every file the compiler read for the stages' objects in {args.check_build} is in their hashes")
         elif args.header:
             if not stage:
                 parser.error("--header needs --stage STAGE")

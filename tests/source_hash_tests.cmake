@@ -14,6 +14,10 @@ if(NOT CMAKE_SCRIPT_MODE_FILE)
     COMMAND ${Python3_EXECUTABLE} -m fa_course.data check --all ${PROJECT_SOURCE_DIR}/plots/data)
   set_tests_properties("common: every data folder under plots/data has one file per kind and no duplicate key"
     PROPERTIES ENVIRONMENT "PYTHONPATH=${PROJECT_SOURCE_DIR}/python;PYTHONDONTWRITEBYTECODE=1")
+  # The include closure source_hash.py computes holds every file the compiler read for a stage
+  # (Ninja's record of the compiler's dependency files): run after the build, as ctest is.
+  add_test(NAME "common: source_hash covers every file the compiler read for each stage"
+    COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/scripts/source_hash.py --check-build ${CMAKE_BINARY_DIR})
   # scripts/restamp (tests/restamp): the machine-code comparison on tiny kernels, the chain of
   # restamps, the method hashes.
   set(restamp_python ${Python3_EXECUTABLE})
