@@ -121,9 +121,10 @@ int run(const Options& options) {
     shards[rank] = {q[rank].get(), k[rank].get(), v[rank].get(), o[rank].get(), lse[rank].as<float>()};
     gradients[rank] = {d_o[rank].get(), dq[rank].get(), dk[rank].get(), dv[rank].get()};
   }
+  bool with_backward = options.backward;  // what ring_pass and single_pass run: fwd, or fwd+bwd
   const auto ring_pass = [&] {
     Status status = ring_forward(*ring, problem, shards);
-    if (status.ok() && options.backward) status = ring_backward(*ring, problem, shards, gradients);
+    if (status.ok() && with_backward) status = ring_backward(*ring, problem, shards, gradients);
     if (status.ok()) status = ring->synchronize();
     if (!status.ok()) throw std::runtime_error("the ring: " + status.reason());
   };
@@ -144,7 +145,7 @@ int run(const Options& options) {
     ForwardArgs forward{problem,          whole_q[0].get(),         whole_k[0].get(),        whole_v[0].get(),
                         whole_o[0].get(), whole_lse[0].as<float>(), forward_workspace.get(), nullptr};
     Status status = stages.forward.forward(forward);
-    if (status.ok() && options.backward) {
+    if (status.ok() && with_backward) {
       BackwardArgs backward{problem,           whole_q[0].get(),  whole_k[0].get(),         whole_v[0].get(),
                             whole_o[0].get(),  whole_do[0].get(), whole_lse[0].as<float>(), whole_dq[0].get(),
                             whole_dk[0].get(), whole_dv[0].get(), backward_workspace.get(), nullptr};
@@ -180,14 +181,18 @@ int run(const Options& options) {
     }
   }
 
-  const Timing ring_time = time_host(ring_pass, options.warmup, options.reps);
-  FA_CUDA_CHECK(cudaSetDevice(devices[0]));
-  const Timing single_time = time_host(single_pass, options.warmup, options.reps);
-  std::printf("%s, %s, %s %s%s: one GPU %.3f ms; ring of %d (%s) %.3f ms; efficiency %.3f\n", device.name.c_str(),
-              describe(problem).c_str(), options.dtype.c_str(), problem.causal ? "causal" : "non-causal",
-              options.backward ? " fwd+bwd" : " fwd", single_time.ms_median, ranks,
-              options.gpus > 0 ? "NCCL" : "loopback", ring_time.ms_median,
-              single_time.ms_median / (ranks * ring_time.ms_median));
+  // Forward alone, then (with --backward) forward and backward.
+  for (const bool backward : {false, true}) {
+    if (backward && !options.backward) break;
+    with_backward = backward;
+    const Timing ring_time = time_host(ring_pass, options.warmup, options.reps);
+    FA_CUDA_CHECK(cudaSetDevice(devices[0]));
+    const Timing single_time = time_host(single_pass, options.warmup, options.reps);
+    std::printf("%s, %s, %s %s %s: one GPU %.3f ms; ring of %d (%s) %.3f ms; efficiency %.3f\n", device.name.c_str(),
+                describe(problem).c_str(), options.dtype.c_str(), problem.causal ? "causal" : "non-causal",
+                backward ? "fwd+bwd" : "fwd", single_time.ms_median, ranks, options.gpus > 0 ? "NCCL" : "loopback",
+                ring_time.ms_median, single_time.ms_median / (ranks * ring_time.ms_median));
+  }
 
   // The model's two numbers (README, "The model"): one step's work on one GPU (a middle step: all
   // 2·chunk queries against one chunk of keys, unmasked; twice that for fwd+bwd's backward), and one
@@ -251,7 +256,7 @@ int main(int argc, char** argv) {
   app.add_option("-D,--dim", options.problem.dim, "head dim")->check(CLI::Range(1, 256));
   app.add_flag("--causal", options.problem.causal, "causal mask (zigzag balances it)");
   app.add_option("--dtype", options.dtype, "fp16 or bf16")->check(CLI::IsMember({"fp16", "bf16"}));
-  app.add_flag("--backward", options.backward, "forward and backward (fwd+bwd)");
+  app.add_flag("--backward", options.backward, "also check and time forward and backward (fwd+bwd)");
   app.add_option("--warmup", options.warmup, "untimed runs")->check(CLI::Range(0, 1000));
   app.add_option("--reps", options.reps, "timed runs")->check(CLI::Range(1, 1000));
   try {
