@@ -95,7 +95,12 @@ class CudaRing final : public Ring {
       if (shared_pass_stream && rank > 0) {
         pass_stream_[rank] = pass_stream_[0];
       } else {
-        FA_CUDA_CHECK(cudaStreamCreateWithFlags(&pass_stream_[rank], cudaStreamNonBlocking));
+        // The highest priority: NCCL's kernels take their few SMs as soon as the stage's blocks free
+        // them, instead of waiting behind the rest of the stage's grid.
+        int lowest = 0;
+        int highest = 0;
+        FA_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+        FA_CUDA_CHECK(cudaStreamCreateWithPriority(&pass_stream_[rank], cudaStreamNonBlocking, highest));
       }
       FA_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_[rank], cudaEventDisableTiming));
       for (cudaEvent_t& event : pass_done_[rank])
@@ -108,7 +113,10 @@ class CudaRing final : public Ring {
       cudaSetDevice(devices_[rank]);
       cudaDeviceSynchronize();
     }
-    scratch_.clear();
+    for (auto& [owner, buffer] : scratch_) {
+      cudaSetDevice(devices_[owner.first]);
+      buffer = DeviceBuffer();
+    }
     for (size_t rank = 0; rank < devices_.size(); ++rank) {
       cudaSetDevice(devices_[rank]);
       cudaStreamDestroy(compute_[rank]);
