@@ -663,6 +663,33 @@ Status forward(const ForwardArgs& args) {
   });
 }
 
+}  // namespace
+
+template <typename Element>
+Status split_kv::merge_partials(const float* partial_out, const float* partial_lse, Element* out, float* lse,
+                                int64_t rows, int64_t dim, int64_t splits, cudaStream_t stream) {
+  if (splits < 1 || splits > split_kv::kMaxSplits) {
+    return Status::unsupported("the merge takes 1 to " + std::to_string(split_kv::kMaxSplits) + " partials");
+  }
+  ForwardArgs args;
+  args.problem = Problem::square(1, 1, rows, dim);
+  args.o = out;
+  args.lse = lse;
+  args.stream = stream;
+  split_kv::KeySplit split;
+  split.splits = splits;
+  return dispatch_head_dim<64, 128, kMaxDim>(dim, [&](auto bucket) {
+    return launch_merge<Element, decltype(bucket)::value>(args, split, false, partial_out, partial_lse);
+  });
+}
+
+template Status split_kv::merge_partials<__half>(const float*, const float*, __half*, float*, int64_t, int64_t, int64_t,
+                                                 cudaStream_t);
+template Status split_kv::merge_partials<__nv_bfloat16>(const float*, const float*, __nv_bfloat16*, float*, int64_t,
+                                                        int64_t, int64_t, cudaStream_t);
+
+namespace {
+
 StageDescriptor describe(Precision precision, ForwardFn forward_function, const char* title) {
   StageDescriptor stage;
   stage.id = "12_split_kv";
