@@ -26,7 +26,13 @@ if(NOT CMAKE_SCRIPT_MODE_FILE)
   endif()
   add_test(NAME "restamp: machine code compared, restamps chained, methods hashed"
     COMMAND ${restamp_python} -m unittest discover -s ${PROJECT_SOURCE_DIR}/tests/restamp -t ${PROJECT_SOURCE_DIR}/tests/restamp)
+  # The headline GPU's restamps that lead to this tree: their SASS digests recomputed from this
+  # build's stage libraries (the same nvcc; the cubins for the restamp's architecture).
+  add_test(NAME "restamp: the NVIDIA_H200 restamps to this tree have this build's SASS"
+    COMMAND ${restamp_python} ${PROJECT_SOURCE_DIR}/scripts/restamp --verify ${PROJECT_SOURCE_DIR}/plots/data/NVIDIA_H200
+            --build ${CMAKE_BINARY_DIR})
   set_tests_properties("restamp: machine code compared, restamps chained, methods hashed"
+    "restamp: the NVIDIA_H200 restamps to this tree have this build's SASS"
     PROPERTIES ENVIRONMENT "PYTHONPATH=${PROJECT_SOURCE_DIR}/python;PYTHONDONTWRITEBYTECODE=1;CUDACXX=${CMAKE_CUDA_COMPILER}")
   return()
 endif()
