@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints a results CSV (design.md schema, read with fa_course.results: older B,H,N,D files too) as a
+"""Prints a results CSV (design.md schema, read with fa_course.bench.results: older B,H,N,D files too) as a
 short table: TFLOP/s per stage and shape, then causal over non-causal time where a shape has both.
 
   python3 scripts/summarize_results.py plots/data/NVIDIA_H200/results.csv
@@ -10,13 +10,13 @@ from collections import OrderedDict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 
-from fa_course import results  # noqa: E402
-from fa_course.shapes import Problem  # noqa: E402
+from fa_course.bench import results  # noqa: E402
+from fa_course.bench.shapes import problem_from_row  # noqa: E402
 
 
 def shape_label(row):
     """BxHxNxD for a square problem, BxHq/HkvxNq/NkxD otherwise; ' bwd' (or ' fwd+bwd') for a backward row."""
-    problem = Problem.from_row(row)
+    problem = problem_from_row(row)
     heads = f"{problem.q_heads}" if not problem.grouped else f"{problem.q_heads}/{problem.kv_heads}"
     seqs = f"{problem.q_seq}" if not problem.rectangular else f"{problem.q_seq}/{problem.kv_seq}"
     label = f"{problem.batch}x{heads}x{seqs}x{problem.dim}"

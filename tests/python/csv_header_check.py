@@ -18,7 +18,7 @@ import tempfile
 import unittest
 
 import _support
-from fa_course import results, schema
+from fa_course.bench import results, schema
 
 EXECUTABLE = None
 

@@ -5,7 +5,7 @@ import unittest
 from unittest import mock
 
 import _support  # noqa: F401  (the package on sys.path)
-from fa_course import torch_gpu
+from fa_course.bench import torch_gpu
 
 GIB = 2**30
 
