@@ -12,6 +12,7 @@ ensure_venv
 preset=${FA_PRESET:-$(choose_preset)}
 configure_and_build "$preset"
 ctest --preset "$preset" -j "$(nproc)"
+check_package_install "$preset"
 "$repo_root/scripts/check_exercises.sh"
 # The notebook kernel's warning that it talks to nbclient over local TCP is noise here.
 "$repo_root/.venv/bin/python" "$repo_root/scripts/run_notebooks.py" \

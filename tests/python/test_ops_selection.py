@@ -216,6 +216,13 @@ class WithoutTorch(unittest.TestCase):
         self.assertEqual(done.returncode, 2, done.stderr)
         self.assertIn("PyTorch is needed", done.stderr)
 
+    def test_the_overhead_benchmark_refuses_clearly(self):
+        script = os.path.join(_support.REPO, "scripts", "op_overhead.py")
+        done = self.run_python(f"import runpy; sys.argv = [{script!r}]; runpy.run_path({script!r}, "
+                               f"run_name='__main__')")
+        self.assertEqual(done.returncode, 2, done.stderr)
+        self.assertIn("PyTorch is needed", done.stderr)
+
     def test_compare_torch_backward_pass_without_torch_exits_2(self):
         library = _support.library_or_skip(self)
         script = os.path.join(_support.REPO, "scripts", "compare_torch.py")
