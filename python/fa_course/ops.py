@@ -308,8 +308,8 @@ def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         check_inputs(q, k, v)  # says which is not a tensor
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _Attention.apply(q, k, v, causal, stage or "", backward_stage or "", deterministic)
-    return torch.ops.fa_course.attention.default(q, k, v, causal, stage or "")
+        return _Attention.apply(q, k, v, bool(causal), stage or "", backward_stage or "", bool(deterministic))
+    return torch.ops.fa_course.attention.default(q, k, v, bool(causal), stage or "")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, *,

@@ -112,21 +112,24 @@ fa_cmake_launchers() {
 # The package as a user installs it: `pip wheel python/` builds the library with the course's CMake
 # (scikit-build-core) and packs it inside; the wheel goes into a fresh venv outside the repository,
 # and fa_course is imported from /tmp. The wheel is built with the preset folder's CUDA
-# architectures and warning flags in build-wheel/, so with ccache it reuses the preset's compiles.
+# architectures, warning flags and C++ compiler in build-wheel/ (beside the preset's folder: the same
+# relative paths), so with ccache it reuses the preset's compiles.
 check_package_install() {
-  local preset=$1 dir work start=$SECONDS architectures werror log
+  local preset=$1 dir work start=$SECONDS architectures werror compiler log
   dir=$(preset_binary_dir "$preset")
   architectures=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$dir/CMakeCache.txt")
   werror=$(sed -n 's/^FA_WERROR:[A-Z]*=//p' "$dir/CMakeCache.txt")
+  compiler=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$dir/CMakeCache.txt")
   work=$(mktemp -d)
   log="$repo_root/build-wheel/package.log"
   mkdir -p "$repo_root/build-wheel"
   echo "Checking the package a user installs: pip wheel python/ (CUDA architectures $architectures; log: build-wheel/package.log)"
   # shellcheck disable=SC2046
   if ! { CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$repo_root/.venv/bin/pip" wheel --no-build-isolation --no-deps \
-           -w "$work/wheel" "$repo_root/python" -C build-dir="$repo_root/build-wheel/build" \
+           -w "$work/wheel" "$repo_root/python" -C build-dir="$repo_root/build-wheel" \
            -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$architectures" -C cmake.define.FA_WERROR="${werror:-OFF}" \
-           $(fa_cmake_launchers "$repo_root/build-wheel/build" | sed 's/-D/-C cmake.define./g') &&
+           -C cmake.define.CMAKE_CXX_COMPILER="$compiler" \
+           $(fa_cmake_launchers "$repo_root/build-wheel" | sed 's/-D/-C cmake.define./g') &&
          python3 -m venv "$work/venv" &&
          "$work/venv/bin/pip" install -q --no-index "$work"/wheel/*.whl &&
          (cd /tmp && "$work/venv/bin/python" -c "import fa_course; print(fa_course.attention, fa_course.__all__)
