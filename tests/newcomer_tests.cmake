@@ -299,3 +299,8 @@ add_test(NAME "common: stage READMEs name no suite calls, issues, bars or seed d
 found=$(grep -n -i -E '\bcalls? [0-9]|\bthe issue|\bthe bar\b|\bseed ?0|\bseed documents?\b|\bseed shapes?\b' "$0"/stages/*/README.md)
 if [ -n "$found" ]; then echo "$found"; exit 1; fi
 echo "no stage README names a suite call, an issue, a bar or a seed document"]=] ${PROJECT_SOURCE_DIR})
+
+# The measured tables (plots/tables/, the README's headline table) are generated from plots/data by one
+# command; a data set changed without them, or a table edited by hand, fails here with the difference.
+add_test(NAME "common: plots/tables and the README's headline table are what plots/data gives"
+         COMMAND python3 ${PROJECT_SOURCE_DIR}/scripts/make_tables.py --check)

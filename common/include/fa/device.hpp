@@ -1,8 +1,12 @@
 // What the harness needs to know about the GPU: is there one, what is it, how much is free.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 #include <string>
+
+#include "fa/stage.hpp"
 
 namespace fa {
 
@@ -17,6 +21,13 @@ struct DeviceInfo {
 
 DeviceInfo query_device();
 
+// The SM count of `device`, for a launcher that sizes its grid to the GPU (stages 10 and 12). The
+// driver caches the attribute, so asking at every launch costs next to nothing; inline, so that a
+// launcher compiles to the same call it made before this lived here.
+inline Status multiprocessor_count(int device, int* count) {
+  return Status::cuda(cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device));
+}
+
 struct MemoryInfo {
   int64_t free_bytes = 0;
   int64_t total_bytes = 0;
@@ -24,7 +35,6 @@ struct MemoryInfo {
 MemoryInfo device_memory();
 
 // Empty when the stage can run here, else the one-line reason (no device, GPU too old).
-struct StageDescriptor;
 std::string stage_unavailable_reason(const StageDescriptor& stage, const DeviceInfo& device);
 
 // The device name as a folder name (spaces to underscores), for plots/data/<gpu>/.
