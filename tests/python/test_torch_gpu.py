@@ -1,4 +1,4 @@
-"""fa_course.torch_gpu's pause after giving memory back, on a stand-in for torch (no GPU needed)."""
+"""fa_course.bench.torch_gpu's pause after giving memory back, on a stand-in for torch (no GPU needed)."""
 
 import types
 import unittest
