@@ -117,6 +117,9 @@ class FaBackwardArgs(ctypes.Structure):
     ]
 
 
+_FORWARD_ARGS_SIZE = ctypes.sizeof(FaForwardArgs)
+_BACKWARD_ARGS_SIZE = ctypes.sizeof(FaBackwardArgs)
+
 # name in fa_capi.h -> ctypes Structure (what the layout test compares)
 STRUCTS = {"fa_problem": FaProblem, "fa_forward_args": FaForwardArgs, "fa_backward_args": FaBackwardArgs}
 
@@ -499,14 +502,14 @@ class Library:
     # or looked up here, so a caller that keeps those between calls pays only for the call itself.
 
     def run_forward(self, stage_id: bytes, problem_pointer, q, k, v, o, lse, workspace, stream) -> None:
-        args = FaForwardArgs(ctypes.sizeof(FaForwardArgs), problem_pointer, q, k, v, o, lse, workspace, stream)
+        args = FaForwardArgs(_FORWARD_ARGS_SIZE, problem_pointer, q, k, v, o, lse, workspace, stream)
         status = self._lib.fa_forward_v2(stage_id, args)
         if status != FA_OK:
             raise FaError(status, self.last_error(), stage_id.decode(), "fa_forward")
 
     def run_backward(self, stage_id: bytes, problem_pointer, q, k, v, o, grad_o, lse, grad_q, grad_k, grad_v,
                      workspace, stream, deterministic: bool) -> None:
-        args = FaBackwardArgs(ctypes.sizeof(FaBackwardArgs), problem_pointer, q, k, v, o, grad_o, lse, grad_q, grad_k,
+        args = FaBackwardArgs(_BACKWARD_ARGS_SIZE, problem_pointer, q, k, v, o, grad_o, lse, grad_q, grad_k,
                               grad_v, workspace, stream)
         # Stage 11 reads the choice from FA_DETERMINISTIC at each call (fa_backward_args has no field
         # for it yet); it is set here, under a lock, so that the call sees this call's choice.

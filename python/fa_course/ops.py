@@ -35,6 +35,9 @@ and device (the checks' verdict, the stages chosen, their workspace sizes, the C
 is worked out on the first such call and kept (a Plan); later calls allocate O, the LSE, the
 gradients and the workspace as torch tensors from PyTorch's caching allocator on the current
 stream (so a CUDA graph captures them: the library allocates nothing) and call the library.
+Autograd is an autograd.Function around the ops (cheaper than an autograd kernel on them), and an
+eager call on plain tensors goes straight to the ops' implementation (_straight says when),
+skipping the dispatcher's round trip; torch.compile, fake tensors and dispatch modes see the ops.
 
 Errors: a tensor on the wrong device, of the wrong dtype, non-contiguous or of mismatched shapes
 raises TypeError or ValueError before anything runs; a problem no stage takes (a head dim past a
@@ -169,11 +172,10 @@ class Plan:
             self._stages[(pass_, requested)] = chosen
         return chosen
 
-    def device_guard(self):
-        """The tensors' device as the current one, when it is not already."""
-        if self.device_index is not None and torch.cuda.current_device() != self.device_index:
-            return torch.cuda.device(self.device_index)
-        return contextlib.nullcontext()
+    def elsewhere(self) -> bool:
+        """Whether the tensors are on a CUDA device other than the current one (the call then makes
+        theirs current: the library runs on the current device)."""
+        return self.device_index is not None and torch.cuda.current_device() != self.device_index
 
     def stream(self) -> Optional[int]:
         return _raw_stream(self.device_index) if self.device_index is not None else None
@@ -233,31 +235,43 @@ _library.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor 
 def _forward(q, k, v, causal=False, stage=""):
     """(O, LSE) of the chosen forward stage."""
     plan = plan_for(q, k, v, causal)
+    if plan.elsewhere():
+        with torch.cuda.device(plan.device_index):
+            return _forward(q, k, v, causal, stage)
     _, stage_id, workspace_bytes = plan.stage("fwd", stage)
-    with plan.device_guard():
-        out = torch.empty_like(q)
-        lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
-        workspace = plan.workspace(workspace_bytes)
-        plan.library.run_forward(stage_id, plan.problem_pointer, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                 out.data_ptr(), lse.data_ptr(), workspace.data_ptr() if workspace is not None else None,
-                                 plan.stream())
+    out = torch.empty_like(q)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
+    workspace = plan.workspace(workspace_bytes)
+    plan.library.run_forward(stage_id, plan.problem_pointer, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                             lse.data_ptr(), workspace.data_ptr() if workspace is not None else None, plan.stream())
     return out, lse
 
 
 def _backward(grad_out, q, k, v, out, lse, causal=False, stage="", deterministic=False):
     """(dQ, dK, dV) of the chosen backward stage from the forward's O and LSE and the gradient dO."""
     plan = plan_for(q, k, v, causal)
+    if plan.elsewhere():
+        with torch.cuda.device(plan.device_index):
+            return _backward(grad_out, q, k, v, out, lse, causal, stage, deterministic)
     check_saved(grad_out, q, out, lse)
     _, stage_id, workspace_bytes = plan.stage("bwd", stage)
-    with plan.device_guard():
-        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        workspace = plan.workspace(workspace_bytes)
-        plan.library.run_backward(stage_id, plan.problem_pointer, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                  out.data_ptr(), grad_out.data_ptr(), lse.data_ptr(), grad_q.data_ptr(),
-                                  grad_k.data_ptr(), grad_v.data_ptr(),
-                                  workspace.data_ptr() if workspace is not None else None, plan.stream(),
-                                  deterministic)
+    grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    workspace = plan.workspace(workspace_bytes)
+    plan.library.run_backward(stage_id, plan.problem_pointer, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                              grad_out.data_ptr(), lse.data_ptr(), grad_q.data_ptr(), grad_k.data_ptr(),
+                              grad_v.data_ptr(), workspace.data_ptr() if workspace is not None else None,
+                              plan.stream(), deterministic)
     return grad_q, grad_k, grad_v
+
+
+def _straight(q, k, v) -> bool:
+    """Whether a call may go straight to the implementation above instead of through the dispatcher,
+    which would only route it there: eager PyTorch (not torch.compile's tracing) on plain tensors
+    (not fake, functional or other subclasses, not meta) with no torch-function or dispatch mode
+    active (a profiler's, FakeTensorMode). Anything else takes the registered op."""
+    return (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor and not q.is_meta
+            and not torch.compiler.is_compiling() and not torch._C._is_torch_function_mode_enabled()
+            and not torch._C._len_torch_dispatch_stack())
 
 
 for _device in ("CPU", "CUDA"):
@@ -283,7 +297,8 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, stage, backward_stage, deterministic):
-        out, lse = torch.ops.fa_course.attention.default(q, k, v, causal, stage)
+        out, lse = _forward(q, k, v, causal, stage) if _straight(q, k, v) else \
+            torch.ops.fa_course.attention.default(q, k, v, causal, stage)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal = causal
         ctx.backward_stage = backward_stage
@@ -296,8 +311,9 @@ class _Attention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
         # dO arrives in whatever layout the graph above made (sum().backward() gives an expanded one)
-        grad_q, grad_k, grad_v = torch.ops.fa_course.attention_backward.default(
-            grad_out.contiguous(), q, k, v, out, lse, ctx.causal, ctx.backward_stage, deterministic)
+        backward = _backward if _straight(q, k, v) else torch.ops.fa_course.attention_backward.default
+        grad_q, grad_k, grad_v = backward(grad_out.contiguous(), q, k, v, out, lse, ctx.causal, ctx.backward_stage,
+                                          deterministic)
         return grad_q, grad_k, grad_v, None, None, None, None
 
 
@@ -309,6 +325,8 @@ def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
         check_inputs(q, k, v)  # says which is not a tensor
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _Attention.apply(q, k, v, bool(causal), stage or "", backward_stage or "", bool(deterministic))
+    if _straight(q, k, v):
+        return _forward(q, k, v, bool(causal), stage or "")
     return torch.ops.fa_course.attention.default(q, k, v, bool(causal), stage or "")
 
 
