@@ -11,12 +11,12 @@ from collections import OrderedDict
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 
 from fa_course.bench import results  # noqa: E402
-from fa_course.bench.shapes import problem_from_row  # noqa: E402
+from fa_course import Problem  # noqa: E402
 
 
 def shape_label(row):
     """BxHxNxD for a square problem, BxHq/HkvxNq/NkxD otherwise; ' bwd' (or ' fwd+bwd') for a backward row."""
-    problem = problem_from_row(row)
+    problem = Problem.from_row(row)
     heads = f"{problem.q_heads}" if not problem.grouped else f"{problem.q_heads}/{problem.kv_heads}"
     seqs = f"{problem.q_seq}" if not problem.rectangular else f"{problem.q_seq}/{problem.kv_seq}"
     label = f"{problem.batch}x{heads}x{seqs}x{problem.dim}"

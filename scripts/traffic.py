@@ -47,7 +47,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 
 from fa_course import Problem, capi  # noqa: E402
-from fa_course.bench import results, shapes  # noqa: E402
+from fa_course.bench import results  # noqa: E402
 from fa_course.bench.schema import ELEMENT_BYTES  # noqa: E402
 from fa_course.bench.shapes import parse_problem  # noqa: E402
 from fa_course.selection import DECODE_STAGES  # noqa: E402
@@ -282,7 +282,7 @@ def main():
                                    f"{row.get('note')}")
                     continue
                 dtype = row["dtype"]
-                measured = shapes.problem_from_row(row)
+                measured = Problem.from_row(row)
                 if measured != problem:
                     die(f"{stage} ran {measured.describe()}, not {problem.describe()}: its command line changed?")
                 predicted = predicted_bytes(facts[stage], problem, ELEMENT_BYTES[dtype], smem)
@@ -290,7 +290,7 @@ def main():
                                                 dram_read_bytes=int(totals[METRICS[0]]),
                                                 dram_write_bytes=int(totals[METRICS[1]]),
                                                 l2_bytes=int(totals[METRICS[2]]), predicted_bytes=predicted,
-                                                **{"pass": "fwd"}, **shapes.row_fields(problem)))
+                                                **{"pass": "fwd"}, **problem.row_fields()))
                 dram = totals[METRICS[0]] + totals[METRICS[1]]
                 print(f"  {stage:<22} {problem.describe()} {dtype}: "
                       f"DRAM {dram / 1e9:.3f} GB (predicted {predicted / 1e9:.3f} GB), L2 "

@@ -10,7 +10,7 @@ import unittest
 
 import _support
 from fa_course import Problem, capi
-from fa_course.bench import results, shapes
+from fa_course.bench import results
 
 SCRIPTS = os.path.join(_support.REPO, "scripts")
 
@@ -70,7 +70,7 @@ class Summary(unittest.TestCase):
                 handle.write(legacy)
             new = os.path.join(folder, "new.csv")
             row = results.make_row(stage="08_mma_registers", gpu="G", dtype="fp16", status="ok", tflops=100.0,
-                                   ms_median=1.0, **{"pass": "fwd"}, **shapes.row_fields(Problem(1, 32, 8, 4, 4096, 128)))
+                                   ms_median=1.0, **{"pass": "fwd"}, **Problem(1, 32, 8, 4, 4096, 128).row_fields())
             results.write_results(new, [row])
             for path, expect in ((old, ["4x16x4096x128 ", "38.40", "causal / non-causal", "0.56"]),
                                  (new, ["1x32/8x4/4096x128", "100.00"])):

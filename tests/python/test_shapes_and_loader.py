@@ -51,9 +51,8 @@ class Problems(unittest.TestCase):
         self.assertEqual([problem.kv_head_of(h) for h in range(8)], [0, 0, 0, 0, 1, 1, 1, 1])
         self.assertEqual(problem.q_shape, (2, 8, 3, 64))
         self.assertEqual(problem.kv_shape, (2, 2, 100, 64))
-        self.assertEqual(shapes.row_fields(problem), {"B": 2, "Hq": 8, "Hkv": 2, "Nq": 3, "Nk": 100, "D": 64,
-                                                      "causal": 1})
-        self.assertEqual(shapes.problem_from_row(shapes.row_fields(problem)), problem)
+        self.assertEqual(problem.row_fields(), {"B": 2, "Hq": 8, "Hkv": 2, "Nq": 3, "Nk": 100, "D": 64, "causal": 1})
+        self.assertEqual(Problem.from_row(problem.row_fields()), problem)
         self.assertEqual(problem.describe(), "B=2 Hq=8 Hkv=2 Nq=3 Nk=100 D=64 causal")
         self.assertEqual(Problem.of((1, 2, 3, 4), causal=True), Problem.square(1, 2, 3, 4, True))
 

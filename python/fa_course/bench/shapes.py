@@ -1,11 +1,8 @@
-"""The benchmarks' problems: the names the benchmarks and READMEs use for sets of them (presets),
-their text form on command lines, and what a results row says about a problem (its shape columns,
-its FLOP and byte counts).
+"""The benchmarks' problems (fa_course.Problem): the names the benchmarks and READMEs use for sets of
+them (presets) and their text form on command lines.
 
     >>> parse_problem("1x32x8x4x65536x128").describe()
     'B=1 Hq=32 Hkv=8 Nq=4 Nk=65536 D=128'
-    >>> row_fields(Problem.square(4, 16, 4096, 128))["Hkv"]
-    16
 """
 
 from __future__ import annotations
@@ -14,31 +11,6 @@ import re
 from typing import Dict, Iterable, List, Tuple
 
 from ..problem import Problem
-from . import schema
-
-
-def problem_from_row(row: dict) -> Problem:
-    """The problem of a results or traffic row (schema.RESULTS_COLUMNS)."""
-    return Problem(int(row["B"]), int(row["Hq"]), int(row["Hkv"]), int(row["Nq"]), int(row["Nk"]), int(row["D"]),
-                   bool(int(row["causal"])))
-
-
-def row_fields(problem: Problem) -> Dict[str, int]:
-    """The shape columns of a results row."""
-    return {"B": problem.batch, "Hq": problem.q_heads, "Hkv": problem.kv_heads, "Nq": problem.q_seq,
-            "Nk": problem.kv_seq, "D": problem.dim, "causal": int(problem.causal)}
-
-
-def flops(problem: Problem, pass_: str = "fwd") -> float:
-    """The FLOPs a results row of this problem and pass counts (schema.attention_flops)."""
-    return schema.attention_flops(problem.batch, problem.q_heads, problem.q_seq, problem.kv_seq, problem.dim,
-                                  problem.causal, pass_)
-
-
-def minimum_bytes(problem: Problem, dtype: str, pass_: str = "fwd", with_lse: bool = False) -> int:
-    """The bytes the pass must move at least (schema.minimum_bytes)."""
-    return schema.minimum_bytes(problem.batch, problem.q_heads, problem.kv_heads, problem.q_seq, problem.kv_seq,
-                                problem.dim, dtype, pass_, with_lse)
 
 
 def _square(values: Iterable[Tuple[int, int, int, int]]) -> List[Problem]:

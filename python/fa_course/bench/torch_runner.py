@@ -17,7 +17,7 @@ Every output, ours and PyTorch's, is compared with a float64 reference computed 
 same (already rounded) inputs, on sampled heads and rows (our LSE too, where the stage writes one).
 Times come from CUDA events: a first call (also the correctness sample), warm-up calls, then the
 median and minimum of timed calls; where the inputs fit in L2 the cache is flushed before every
-timed call (flush_l2='auto'). Rows follow fa_course.bench.schema and are merged into the results CSV (a
+timed call (flush_l2='auto'). Rows follow fa_course.schema and are merged into the results CSV (a
 row replaces the one with the same key).
 
 run(..., pass_='bwd') measures the backward pass alone instead: our stages with a backward pass
@@ -52,9 +52,9 @@ import time
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
-from ..capi import FA_INVALID_SHAPE, FA_UNSUPPORTED, FaError, Library, Stage
-from ..problem import Problem
-from . import results, shapes
+from . import results
+from .capi import FA_INVALID_SHAPE, FA_UNSUPPORTED, FaError, Library, Stage
+from .shapes import Problem
 from .torch_gpu import (L2Flush, TorchUnavailable, disable_tf32, event_times_ms, graph_replay, load_sdpa, precision_of,
                         release_cached_memory, torch_dtype)
 
@@ -69,6 +69,10 @@ PEERS: Dict[str, Optional[str]] = {
 DEFAULT_PEERS = ["torch_flash", "torch_efficient", "torch_cudnn", "torch_math"]
 
 
+class TensorError(ValueError):
+    """A tensor of the wrong device, dtype, layout or shape for a stage."""
+
+
 class ContextLost(RuntimeError):
     """A kernel fault broke the CUDA context: nothing more can run in this process."""
 
@@ -76,42 +80,78 @@ class ContextLost(RuntimeError):
 # ---- our stages on PyTorch tensors -------------------------------------------------------------
 
 
+def check_tensors(stage: Stage, problem: Problem, q, k, v, o=None, lse=None) -> None:
+    """TensorError unless q, o are (B, Hq, Nq, D) and k, v (B, Hkv, Nk, D), contiguous, of the stage's
+    precision, on its device (the current CUDA device for a CUDA stage, the CPU for the CPU stage),
+    and lse (when given) FP32 (B, Hq, Nq)."""
+    import torch
+
+    want_device = "cuda" if stage.is_cuda else "cpu"
+    want_dtype = torch_dtype(torch, stage.precision)
+    expected = {"q": problem.q_shape, "k": problem.kv_shape, "v": problem.kv_shape, "o": problem.q_shape,
+                "lse": problem.lse_shape}
+    for name, tensor in (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse)):
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            raise TensorError(f"{stage.id}: {name} must be a torch.Tensor, not {type(tensor).__name__}")
+        if tensor.device.type != want_device:
+            where = "a CUDA device" if stage.is_cuda else "the CPU"
+            raise TensorError(f"{stage.id} runs on {where}: {name} is on {tensor.device}")
+        if stage.is_cuda and tensor.device.index not in (None, torch.cuda.current_device()):
+            raise TensorError(f"{stage.id}: {name} is on {tensor.device}, but the current device is "
+                              f"cuda:{torch.cuda.current_device()} (use torch.cuda.device(...))")
+        dtype = torch.float32 if name == "lse" else want_dtype
+        if tensor.dtype != dtype:
+            raise TensorError(f"{stage.id} takes {dtype} for {name} ({stage.precision} stage), not {tensor.dtype}")
+        if tuple(tensor.shape) != tuple(expected[name]):
+            raise TensorError(f"{stage.id}: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name])} "
+                              f"for {problem.describe()}")
+        if not tensor.is_contiguous():
+            raise TensorError(f"{stage.id}: {name} is not contiguous (call .contiguous(); the layout is "
+                              f"(batch, heads, seq, dim) with dim fastest)")
+        if tensor.requires_grad and name in ("o", "lse"):
+            raise TensorError(f"{stage.id}: {name} is written in place and must not require grad")
+
+
+def problem_of(q, k, causal: bool = False) -> Problem:
+    """The problem of q (B, Hq, Nq, D) and k (B, Hkv, Nk, D); TensorError when they do not fit."""
+    if q.dim() != 4 or k.dim() != 4:
+        raise TensorError(f"q and k must be 4-D (batch, heads, seq, dim), not {tuple(q.shape)} and {tuple(k.shape)}")
+    batch, q_heads, q_seq, dim = q.shape
+    if k.shape[0] != batch or k.shape[3] != dim:
+        raise TensorError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim")
+    if k.shape[1] < 1 or q_heads % k.shape[1]:
+        raise TensorError(f"q's {q_heads} heads are not a multiple of k's {k.shape[1]}")
+    return Problem(int(batch), int(q_heads), int(k.shape[1]), int(q_seq), int(k.shape[2]), int(dim), bool(causal))
+
+
 def stage_forward(library: Library, stage, q, k, v, causal: bool = False, out=None, lse=None, workspace=None,
                   stream=None):
     """Runs one of our stages on PyTorch tensors: O (allocated when `out` is None), written in place.
     `lse` True allocates the FP32 log-sum-exp and returns (O, LSE). `workspace` is a uint8 tensor of at
-    least library.workspace_bytes(...) bytes (allocated when None). The tensors are checked as
-    fa_course.attention checks them (fa_course.ops: TypeError or ValueError), and against the stage's
-    device and precision; capi.FaError when the stage refuses or fails."""
+    least library.workspace_bytes(...) bytes (allocated when None). Raises TensorError for a bad tensor
+    and capi.FaError when the stage refuses or fails."""
     import torch
 
-    from .. import ops
-
     stage = stage if isinstance(stage, Stage) else library.stage(stage)
-    problem = ops.check_inputs(q, k, v, causal)
-    precision = ops.DTYPES[(q.device.type, q.dtype)]
-    if precision != stage.precision or q.device.type != stage.backend:
-        raise TypeError(f"{stage.id} takes {stage.precision} on {stage.backend.upper()}; the tensors are {q.dtype} "
-                        f"on {q.device}")
+    problem = problem_of(q, k, causal)
     if out is None:
         out = torch.empty_like(q)
     want_lse = lse is not None and lse is not False
     if lse is True:
         lse = torch.empty(problem.lse_shape, dtype=torch.float32, device=q.device)
-    ops.check_output("out", out, problem.q_shape, q.dtype, q.device)
-    if want_lse:
-        ops.check_output("lse", lse, problem.lse_shape, torch.float32, q.device)
+    check_tensors(stage, problem, q, k, v, out, lse if want_lse else None)
     needed = library.workspace_bytes(stage.id, problem)
     if needed and workspace is None:
         workspace = torch.empty(needed, dtype=torch.uint8, device=q.device)
     if needed and workspace.numel() * workspace.element_size() < needed:
-        raise ValueError(f"{stage.id}: the workspace holds {workspace.numel() * workspace.element_size()} bytes, "
-                         f"{needed} needed")
-    with ops.on_device(q.device):
-        if stage.is_cuda and stream is None:
-            stream = torch.cuda.current_stream()
-        library.forward(stage.id, problem, q, k, v, out, lse=lse if want_lse else None, stream=stream,
-                        workspace=workspace if needed else None)
+        raise TensorError(f"{stage.id}: the workspace holds {workspace.numel() * workspace.element_size()} bytes, "
+                          f"{needed} needed")
+    if stage.is_cuda and stream is None:
+        stream = torch.cuda.current_stream()
+    library.forward(stage.id, problem, q, k, v, out, lse=lse if want_lse else None, stream=stream,
+                    workspace=workspace if needed else None)
     return (out, lse) if want_lse else out
 
 
@@ -376,11 +416,12 @@ TIMINGS = ("plain", "graph")
 GRAPH_NOTE = "CUDA graph replay"
 
 
-def default_out(gpu: str, root: str, timing: str = "plain") -> str:
-    """plots/data/<gpu>/torch.csv of the repository at `root`; torch_graph.csv for rows timed as graph
-    replays."""
+def default_out(gpu: str, root: Optional[str] = None, timing: str = "plain") -> str:
+    """plots/data/<gpu>/torch.csv of the repository; torch_graph.csv for rows timed as graph replays."""
+    from .capi import REPO_ROOT
+
     name = "torch_graph.csv" if timing == "graph" else "torch.csv"
-    return os.path.join(root, "plots", "data", results.gpu_folder(gpu), name)
+    return os.path.join(root or REPO_ROOT, "plots", "data", results.gpu_folder(gpu), name)
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -431,7 +472,7 @@ class TorchRunner:
     # ---- rows ----------------------------------------------------------------------------------
     def row(self, name: str, problem: Problem, precision: str, **fields) -> Dict:
         row = results.make_row(stage=name.split("/")[0], gpu=self.gpu, dtype=precision, status="ok", note="",
-                               source_hash="", **{"pass": "fwd"}, **shapes.row_fields(problem))
+                               source_hash="", **{"pass": "fwd"}, **problem.row_fields())
         row.update(fields)
         self.sink(row)
         self.rows.append(row)
@@ -443,7 +484,7 @@ class TorchRunner:
         return row
 
     def should_skip(self, name: str, precision: str, problem: Problem, pass_: str = "fwd") -> bool:
-        flops = shapes.flops(problem, pass_)
+        flops = problem.flops(pass_)
         per_flop = self.seconds_per_flop.get((name, precision, problem.causal, pass_))
         if per_flop is not None and per_flop * flops > self.config.max_call_seconds:
             self.skipped.append(f"{name} {precision} {problem.describe()}: about {per_flop * flops:.1f} s per call "
@@ -459,7 +500,7 @@ class TorchRunner:
             return None
         if self._flush is None:
             self._flush = L2Flush(self.torch)
-        if mode == "on" or shapes.minimum_bytes(problem, precision, pass_) < self._flush.bytes:
+        if mode == "on" or problem.minimum_bytes(precision, pass_) < self._flush.bytes:
             return self._flush
         return None
 
@@ -488,7 +529,7 @@ class TorchRunner:
                 notes.append(f"{reps} timed calls")
             if flush is not None:
                 notes.append("L2 flushed before each call")
-        self.seconds_per_flop[(name, precision, problem.causal, pass_)] = ms_median / 1e3 / shapes.flops(problem, pass_)
+        self.seconds_per_flop[(name, precision, problem.causal, pass_)] = ms_median / 1e3 / problem.flops(pass_)
         return ms_median, ms_min, notes
 
     def measured(self, name: str, precision: str, problem: Problem, inputs, call, peak_bytes: int, source_hash: str,
@@ -504,7 +545,7 @@ class TorchRunner:
         check = compare_with_reference(torch, problem, q, k, v, out, lse, config.check_heads, config.check_rows,
                                        config.seed)
         del result, out, lse
-        flops = shapes.flops(problem)
+        flops = problem.flops()
         ms_median, ms_min, notes = self.time_row(name, precision, problem, "fwd", call, first_ms)
         if config.timing == "graph":
             notes.insert(0, GRAPH_NOTE)
@@ -530,7 +571,7 @@ class TorchRunner:
             self.failures.append(f"{name} {precision} {problem.describe()}: {'; '.join(wrong)}")
         else:
             notes = wrong + notes
-        min_bytes = shapes.minimum_bytes(problem, precision)
+        min_bytes = problem.minimum_bytes(precision)
         self.row(name, problem, precision, ms_median=f"{ms_median:.6g}", ms_min=f"{ms_min:.6g}",
                  tflops=f"{flops / (ms_median / 1e3) / 1e12:.6g}", gbps=f"{min_bytes / (ms_median / 1e3) / 1e9:.6g}",
                  peak_bytes=peak_bytes, max_abs_err=f"{max_abs:.3e}", rel_l2_err=f"{check.rel_l2:.3e}", status=status,
@@ -763,7 +804,7 @@ class TorchRunner:
         grads, first_ms = first_call(self.torch, call)
         check = compare_gradients(self.torch, problem, inputs, grad_out, grads, config.check_heads)
         del grads
-        flops = shapes.flops(problem, pass_)
+        flops = problem.flops(pass_)
         ms_median, ms_min, notes = self.time_row(name, precision, problem, pass_, call, first_ms)
         status, wrong = "ok", []
         bound = GRADIENT_REL_L2_BOUND[precision]
@@ -779,7 +820,7 @@ class TorchRunner:
             self.failures.append(f"{name} {precision} {pass_} {problem.describe()}: {'; '.join(wrong)}")
         else:
             notes = wrong + notes
-        min_bytes = shapes.minimum_bytes(problem, precision, pass_)
+        min_bytes = problem.minimum_bytes(precision, pass_)
         max_abs = float("nan") if check.non_finite else check.max_abs
         self.row(name, problem, precision, ms_median=f"{ms_median:.6g}", ms_min=f"{ms_min:.6g}",
                  tflops=f"{flops / (ms_median / 1e3) / 1e12:.6g}", gbps=f"{min_bytes / (ms_median / 1e3) / 1e9:.6g}",
@@ -854,7 +895,7 @@ class _nothing:
         return False
 
 
-__all__ = ["PEERS", "DEFAULT_PEERS", "RunConfig", "TorchRunner", "ContextLost", "TorchUnavailable",
-           "stage_forward", "sdpa_call", "compare_with_reference", "make_inputs",
+__all__ = ["PEERS", "DEFAULT_PEERS", "RunConfig", "TorchRunner", "TensorError", "ContextLost", "TorchUnavailable",
+           "check_tensors", "problem_of", "stage_forward", "sdpa_call", "compare_with_reference", "make_inputs",
            "default_out", "precision_of", "compare_gradients", "reference_gradients", "make_grad_out",
            "GRADIENT_REL_L2_BOUND"]
