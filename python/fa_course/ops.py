@@ -330,6 +330,17 @@ def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     return torch.ops.fa_course.attention.default(q, k, v, bool(causal), stage or "")
 
 
+def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       lse: torch.Tensor, causal: bool = False, stage: Optional[str] = None,
+                       deterministic: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) from the forward's O and LSE (attention_with_lse) and the gradient dO: the backward
+    pass alone, for callers that run their own autograd (fa_course.ring)."""
+    if _straight(q, k, v):
+        return _backward(grad_out, q, k, v, out, lse, bool(causal), stage or "", bool(deterministic))
+    return torch.ops.fa_course.attention_backward.default(grad_out, q, k, v, out, lse, bool(causal), stage or "",
+                                                          bool(deterministic))
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, *,
               stage: Optional[str] = None, backward_stage: Optional[str] = None,
               deterministic: bool = False) -> torch.Tensor:
@@ -344,5 +355,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     return attention_with_lse(q, k, v, causal, stage, backward_stage, deterministic)[0]
 
 
-__all__ = ["attention", "attention_with_lse", "chosen_stages", "check_inputs", "UnsupportedProblem", "NAMESPACE",
+__all__ = ["attention", "attention_with_lse", "attention_backward", "chosen_stages", "check_inputs", "UnsupportedProblem", "NAMESPACE",
            "DTYPES"]
