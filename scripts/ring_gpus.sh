@@ -7,7 +7,8 @@
 #    with NCCL from the CUDA toolkit or the pip package nvidia-nccl-cu13;
 # 2. runs its tests with FA_REQUIRE_GPU=1 and FA_REQUIRE_GPUS=2 (nothing may skip);
 # 3. times bin/15_ring on 1 vs 2 GPUs, forward and forward + backward, causal and not, at
-#    N = 32768, 65536 and 131072 (B = 1, H = 16, D = 128, BF16), and prints the table;
+#    N = 32768, 65536 and 131072 (B = 1, H = 16, D = 128, BF16), and prints the table (pass
+#    "fwd+bwd13": stage 13's backward in place of stage 11's);
 # 4. runs the PyTorch op's test under torchrun on 2 GPUs (NCCL), and times it against one GPU.
 # Logs go to OUTDIR. NVLink multicast stays off (NCCL_NVLS_ENABLE=0) in everything launched here.
 set -uo pipefail
@@ -49,13 +50,19 @@ grep -E '^\s+[0-9]+ - .*\((Failed|Timeout|Not Run|Skipped)\)' "$out/test.log"
 
 # 3. The C++ ring against one GPU (the median of 3 timed runs after one warm-up).
 printf '\n%-8s %-10s %-8s %12s %12s %11s\n' N mask pass "1 GPU ms" "2 GPUs ms" efficiency
-for seq in 32768 65536 131072; do
+# The backward is stage 11's; the last two rows use stage 13's (Hopper) at N = 65536.
+for run in "32768 11" "65536 11" "131072 11" "65536 13"; do
+  read -r seq backward <<<"$run"
   for mask in --causal ""; do
-    log="$out/ring_${seq}${mask:+_causal}.log"
-    timeout 150 "$build/bin/15_ring" --gpus 2 -B 1 -H 16 -N "$seq" -D 128 $mask --backward --warmup 1 --reps 3 \
-      >"$log" 2>&1 || { status=1; echo "15_ring -N $seq $mask failed: $(tail -n 3 "$log" | tr '\n' ' ')"; }
+    log="$out/ring_${seq}${mask:+_causal}_bwd${backward}.log"
+    timeout 150 "$build/bin/15_ring" --gpus 2 -B 1 -H 16 -N "$seq" -D 128 $mask --backward --backward-stage "$backward" \
+      --warmup 1 --reps 3 >"$log" 2>&1 ||
+      { status=1; echo "15_ring -N $seq $mask --backward-stage $backward failed: $(tail -n 3 "$log" | tr '\n' ' ')"; }
     sed -n 's/.* \(causal\|non-causal\) \(fwd+bwd\|fwd\): one GPU \([0-9.]*\) ms; ring of 2 (NCCL) \([0-9.]*\) ms; efficiency \([0-9.]*\)/\1 \2 \3 \4 \5/p' "$log" |
-      while read -r m p one two eff; do printf '%-8s %-10s %-8s %12s %12s %11s\n' "$seq" "$m" "$p" "$one" "$two" "$eff"; done
+      while read -r m p one two eff; do
+        [ "$backward" = 13 ] && [ "$p" = fwd ] && continue  # the forward is the same as with 11
+        printf '%-8s %-10s %-8s %12s %12s %11s\n' "$seq" "$m" "$p${backward/11/}" "$one" "$two" "$eff"
+      done
     grep -h '^model:' "$log" | sed "s/^/  N=$seq ${mask:-full}: /"
   done
 done
