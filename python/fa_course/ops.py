@@ -196,6 +196,8 @@ def _capability(device_index: int) -> int:
 
 _plans: Dict[tuple, Plan] = {}
 _plans_lock = threading.Lock()
+# Plans kept at most (a few hundred bytes each); past that they are made afresh, as on a first call.
+MAX_PLANS = 4096
 
 
 def plan_for(q, k, v, causal: bool) -> Plan:
@@ -208,6 +210,8 @@ def plan_for(q, k, v, causal: bool) -> Plan:
         with _plans_lock:
             plan = _plans.get(key)
             if plan is None:
+                if len(_plans) >= MAX_PLANS:
+                    _plans.clear()
                 plan = Plan(capi.load(), problem, q.device, q.dtype)
                 _plans[key] = plan
     elif not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
