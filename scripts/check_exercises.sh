@@ -77,6 +77,7 @@ exercise_verdict() {
   local status=0
   local ctest=(ctest -R "^stage$number:" --output-on-failure --test-output-size-failed 3000 -j "$(nproc)")
   if [ "$verbose" = 1 ]; then
+    echo "Running stage $number's tests (the whole log: ${log#"$repo_root"/})"
     (cd "$build" && "${ctest[@]}") >"$log" 2>&1 || status=$?
     show_test_lines "$log" 3
   else
