@@ -42,12 +42,14 @@
 
 #include "fa/causal.hpp"
 #include "fa/cuda_check.hpp"
-#include "fa/kernel/convert.cuh"
-#include "fa/kernel/exp2.cuh"
+#include "fa/device.hpp"
+#include "fa/kernel/accumulator_softmax.cuh"
 #include "fa/kernel/launch_order.cuh"
-#include "fa/kernel/mbarrier.cuh"
-#include "fa/kernel/tma.cuh"
-#include "fa/kernel/wgmma.cuh"
+#include "fa/kernel/tma_ring.cuh"
+#include "fa/kernel/tma_stage.cuh"
+#include "fa/kernel/warp.cuh"
+#include "fa/kernel/wgmma_epilogue.cuh"
+#include "fa/kernel/wgmma_walk.cuh"
 #include "fa/launch.hpp"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
@@ -63,22 +65,16 @@
 namespace fa::stages {
 namespace {
 
+using kernel::kMmaColumns;
+using kernel::kMmaDepth;
+using kernel::kMmaRows;
+using kernel::kPanelColumns;
+using kernel::kPanelRowBytes;
+using kernel::kSwizzleBytes;
 using kernel::kWarpgroupThreads;
-using kernel::pack_pair;
+using kernel::kWarpSize;
 
-constexpr int kWarpSize = 32;
-constexpr int kMmaRows = 64;         // the M of every wgmma: the query rows of one consumer warpgroup
-constexpr int kMmaDepth = 16;        // the K of a 16-bit wgmma: 16 dims for QKᵀ, 16 keys for PV
-constexpr int kMmaColumns = 8;       // columns per accumulator tile (the mma.m16n8 layout of stage 08)
-constexpr int kPanelColumns = 64;    // one 128-byte swizzled row: a TMA box's width
-constexpr int kPanelRowBytes = 128;  // ... in bytes
-constexpr int kSwizzleRows = 8;      // the 128-byte swizzle repeats every 8 rows
-// 1024 bytes: the swizzle's period; every tile starts on such a boundary.
-constexpr int kSwizzleBytes = kSwizzleRows * kPanelRowBytes;
-constexpr int kAlignElements = 8;  // TMA: a row's byte stride is a multiple of 16
-constexpr int kMaxDim = 256;
 constexpr int kSharedBytesPerBlock = 227 * 1024;  // H100/H200: the opt-in limit of one block
-constexpr float kLn2 = 0.6931471805599453f;       // LSE leaves log2 units: ln x = log2 x · ln 2
 // Named barriers: 0 is __syncthreads, 1 + c the epilogue of consumer c, kTurnBarrier + c its turn.
 constexpr int kTurnBarrier = 4;
 
@@ -136,20 +132,6 @@ struct Tiling {
   static_assert(kSharedBytes <= kSharedBytesPerBlock, "the tiles do not fit in one block's shared memory");
 };
 
-// Rows whose D is not a multiple of 8 cannot be described to TMA: copy them into rows of
-// `padded_dim` (the next multiple of 8), zero-filled. Used only for such head dims.
-template <typename Element>
-__global__ void pad_rows_kernel(const Element* __restrict__ source, Element* __restrict__ destination, int64_t rows,
-                                int dim, int padded_dim) {
-  const int64_t total = rows * padded_dim;
-  for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < total;
-       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = index / padded_dim;
-    const int column = static_cast<int>(index % padded_dim);
-    destination[index] = column < dim ? source[row * dim + column] : kernel::to_element<Element>(0.0f);
-  }
-}
-
 // A block computes pieces blockIdx.x, blockIdx.x + gridDim.x, ... of the (query tile, query head)
 // pieces, each Br = 64 · kConsumers query rows of one (batch, query head): one block per SM that
 // loops over many, or one block per piece (launch says which). Threads 0-127 are the producer
@@ -169,11 +151,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 #if FA_STAGE10_DEVICE_CODE
   using T = Tiling<kDim>;
   using namespace kernel;
-  constexpr int kDimSteps = kDim / kMmaDepth;                // 16-dim steps of QKᵀ
-  constexpr int kKeySteps = T::kKeys / kMmaDepth;            // 16-key steps of P·V
-  constexpr int kScoreTiles = T::kKeys / kMmaColumns;        // 8-key accumulator tiles of S
-  constexpr int kOutTiles = kDim / kMmaColumns;              // 8-dim accumulator tiles of O
-  constexpr int kStepsPerPanel = kPanelColumns / kMmaDepth;  // 4: a panel row is 4 steps of 32 bytes
+  constexpr int kKeySteps = T::kKeys / kMmaDepth;      // 16-key steps of P·V
+  constexpr int kScoreTiles = T::kKeys / kMmaColumns;  // 8-key accumulator tiles of S
 
   // Shared memory, aligned to the swizzle's 1024-byte period: Q (kPanels panels of Br rows x 128
   // bytes), the O staging tile where it has one (else O is staged in the Q tile), then ring slot
@@ -260,10 +239,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         // consumers have released the last piece's (rows past Nq arrive as zeros).
         if (round > 0) barrier_wait(query_free, (round - 1) & 1);
         barrier_arrive_expect_bytes(query_full, T::kQueryTileBytes);
-        for (int panel = 0; panel < T::kPanels; ++panel) {
-          copy_box_to_shared(shared_address(query_tile + panel * T::kQueryPanelBytes), &query_map,
-                             shared_address(query_full), panel * kPanelColumns, piece.first_row, piece.query_head);
-        }
+        copy_tile_to_shared<T::kPanels, T::kQueryPanelBytes>(query_tile, &query_map, query_full, piece.first_row,
+                                                             piece.query_head);
         for (int tile = 0; tile < piece.tiles; ++tile, ++ring_tile) {
           const int slot = ring_tile % T::kStages;
           const int pass = ring_tile / T::kStages;
@@ -303,10 +280,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // head dim, the N of P·V): a 16-key step is 16 rows further, and the leading byte offset is the
     // step from one 64-column panel to the next.
     const uint64_t query_descriptor =
-        matrix_descriptor(shared_address(query_tile) + consumer * kMmaRows * kPanelRowBytes, 16, kSwizzleBytes);
-    const auto dim_step_offset = [](int step, int panel_bytes) {
-      return static_cast<unsigned>(step / kStepsPerPanel * panel_bytes + step % kStepsPerPanel * 2 * kMmaDepth);
-    };
+        k_major_descriptor(shared_address(query_tile) + consumer * kMmaRows * kPanelRowBytes);
 
     // O for the warpgroup's 64 rows in FP32 accumulators (D/2 registers a thread), normalized only
     // at the end. Per thread and row (top: `group`, bottom: `group + 8`) the running max m in log2
@@ -321,54 +295,18 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // block's r-th K/V tile, over all its pieces) sits in slot r % kStages.
     // S = Q·Kᵀ of ring tile r: kDim / 16 wgmma, both operands in shared memory, the first
     // overwriting the accumulators.
-    const auto issue_scores = [&](int r) {
-      const int slot = r % T::kStages;
-      barrier_wait(&key_full[slot], (r / T::kStages) & 1);
-      const uint64_t key_descriptor = matrix_descriptor(shared_address(key_slot(slot)), 16, kSwizzleBytes);
-      wgmma_fence();
-#pragma unroll
-      for (int step = 0; step < kDimSteps; ++step) {
-        const uint64_t a = advance_descriptor(query_descriptor, dim_step_offset(step, T::kQueryPanelBytes));
-        const uint64_t b = advance_descriptor(key_descriptor, dim_step_offset(step, T::kKvPanelBytes));
-        if (step == 0) {
-          wgmma_shared<Element, T::kKeys, false>(scores, a, b);
-        } else {
-          wgmma_shared<Element, T::kKeys, true>(scores, a, b);
-        }
-      }
-      wgmma_commit();
+    const auto issue_scores_of = [&](int r) {
+      wait_slot_full<T::kStages>(key_full, r);
+      issue_scores<Element, kDim, T::kKeys, T::kQueryPanelBytes, T::kKvPanelBytes>(
+          scores, query_descriptor, k_major_descriptor(shared_address(key_slot(r % T::kStages))));
     };
     // O += P·V of ring tile r, P in registers as the A operand, V through its matrix descriptor.
-    const auto issue_values = [&](int r) {
-      const int slot = r % T::kStages;
-      barrier_wait(&value_full[slot], (r / T::kStages) & 1);
-      const uint64_t value_descriptor =
-          matrix_descriptor(shared_address(value_slot(slot)), T::kKvPanelBytes, kSwizzleBytes);
-      wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < kKeySteps; ++j) {
-        wgmma_registers<Element, kDim>(out, probs[j],
-                                       advance_descriptor(value_descriptor, j * kMmaDepth * kPanelRowBytes));
-      }
-      wgmma_commit();
+    const auto issue_values_of = [&](int r) {
+      wait_slot_full<T::kStages>(value_full, r);
+      issue_values<Element, kDim>(out, probs,
+                                  mn_major_descriptor<T::kKvPanelBytes>(shared_address(value_slot(r % T::kStages))));
     };
-    // This warp is done with a barrier's resource (a slot's K or V, or the Q tile): one arrival per
-    // consumer warp frees it.
-    const auto release = [&](uint64_t* free_barrier) {
-      __syncwarp();
-      if (lane == 0) barrier_arrive(free_barrier);
-    };
-    // Score tiles 2j and 2j + 1 hold keys 16j .. 16j + 15 of this thread's two rows, exactly where
-    // wgmma's register A fragment wants them (stage 09, "The wgmma accumulator layout").
-    const auto pack_probabilities = [&] {
-#pragma unroll
-      for (int j = 0; j < kKeySteps; ++j) {
-        probs[j][0] = pack_pair<Element>(scores[8 * j + 0], scores[8 * j + 1]);
-        probs[j][1] = pack_pair<Element>(scores[8 * j + 2], scores[8 * j + 3]);
-        probs[j][2] = pack_pair<Element>(scores[8 * j + 4], scores[8 * j + 5]);
-        probs[j][3] = pack_pair<Element>(scores[8 * j + 6], scores[8 * j + 7]);
-      }
-    };
+    const auto release = [&](uint64_t* free_barrier) { release_to_producer(free_barrier, lane); };
 
     // Ping-pong (README, "Ping-pong"): the consumer warpgroups take turns to issue their products.
     // Warpgroup c waits at named barrier kTurnBarrier + c before it issues, and hands the turn on to
@@ -412,33 +350,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       const auto softmax = [&](int tile, float(&rescale)[2]) {
         const int key_base = tile * T::kKeys;
         if (key_base + T::kKeys > piece.unmasked_keys) {
-#pragma unroll
-          for (int j = 0; j < kScoreTiles; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              if (key_base + j * kMmaColumns + 2 * quad + e % 2 >= key_limit(e / 2)) scores[4 * j + e] = -INFINITY;
-            }
-          }
+          mask_scores<kScoreTiles>(scores, key_base, quad, key_limit);
         }
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float tile_max = -INFINITY;
-#pragma unroll
-          for (int j = 0; j < kScoreTiles; ++j) {
-            tile_max = fmaxf(tile_max, fmaxf(scores[4 * j + 2 * half], scores[4 * j + 2 * half + 1]));
-          }
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-          const float new_max = fmaxf(row_max[half], tile_max * scale_log2);
-          rescale[half] = fast_exp2(row_max[half] - new_max);
-          row_max[half] = new_max;
-          row_sum[half] *= rescale[half];
-        }
-#pragma unroll
-        for (int i = 0; i < T::kKeys / 2; ++i) {
-          scores[i] = fast_exp2(fmaf(scores[i], scale_log2, -row_max[i % 4 / 2]));
-          row_sum[i % 4 / 2] += scores[i];
-        }
+        online_softmax<kScoreTiles>(scores, row_max, row_sum, rescale, scale_log2);
       };
 
       barrier_wait(query_full, round & 1);
@@ -454,19 +368,19 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       if (tiles > 0) {
         float rescale[2];
         take_turn();
-        issue_scores(ring_tile);
+        issue_scores_of(ring_tile);
         pass_turn();
         wgmma_wait<0>();
         fence_registers(scores);
         softmax(0, rescale);  // O is still zero: nothing to rescale
-        pack_probabilities();
+        pack_probabilities<Element>(scores, probs);
         release(&key_free[ring_tile % T::kStages]);
 #pragma unroll 1
         for (int tile = 1; tile < tiles; ++tile) {
           const int r = ring_tile + tile;
           take_turn();
-          issue_scores(r);
-          issue_values(r - 1);
+          issue_scores_of(r);
+          issue_values_of(r - 1);
           pass_turn();
           // EXERCISE BEGIN: the softmax while P·V runs: wait for S alone, then for P·V before O and P change
           wgmma_wait<1>();  // S of this tile has landed; P·V of the last one may still run
@@ -477,7 +391,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
           fence_registers(probs);
 #pragma unroll
           for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
-          pack_probabilities();
+          pack_probabilities<Element>(scores, probs);
           // EXERCISE END
           // K of this tile and V of the last one are done with. The producer refills K's slot with
           // ring tile r + kStages, which this warpgroup needs kStages - 1 rounds on; a slot freed
@@ -491,7 +405,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       if (T::kOutTile) release(query_free);
       if (tiles > 0) {
         take_turn();
-        issue_values(ring_tile + tiles - 1);
+        issue_values_of(ring_tile + tiles - 1);
         pass_turn();
         wgmma_wait<0>();
         fence_registers(out);
@@ -507,29 +421,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // and every thread of the warpgroup is done with it.
       if (store_by_copy_engine && thread == 0) wait_stores_read();
       sync_threads(1 + consumer, kWarpgroupThreads);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float sum = row_sum[half];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        // l = 0 only for a row that sees no key (its O is 0 too): it writes zeros, not 0/0.
-        const float inverse_sum = sum > 0.0f ? 1.0f / sum : 0.0f;
-        const int row = warp * 16 + group + 8 * half;  // within the warpgroup's 64
-        const int query_row = consumer_first_row + row;
-        // LSE = (m + log2 l) · ln 2 (m holds the scale and log2 e); -inf for a row that sees no key.
-        if (lse != nullptr && quad == 0 && query_row < q_seq) {
-          lse[static_cast<int64_t>(piece.query_head) * q_seq + query_row] =
-              sum > 0.0f ? (row_max[half] + log2f(sum)) * kLn2 : -INFINITY;
-        }
-#pragma unroll
-        for (int n = 0; n < kOutTiles; ++n) {
-          // Columns 8n + 2·quad, +1: panel n / 8, 16-byte chunk n % 8, stored at chunk (n % 8) ^ (row % 8).
-          const int offset = n / 8 * T::kQueryPanelBytes + (consumer * kMmaRows + row) * kPanelRowBytes +
-                             (n % 8 ^ row % kSwizzleRows) * 16 + quad * 4;
-          *reinterpret_cast<unsigned*>(out_tile + offset) =
-              pack_pair<Element>(out[4 * n + 2 * half] * inverse_sum, out[4 * n + 2 * half + 1] * inverse_sum);
-        }
-      }
+      stage_output_rows<Element, kDim, T::kQueryPanelBytes>(out, row_max, row_sum, out_tile, consumer * kMmaRows, warp,
+                                                            group, quad, consumer_first_row, q_seq, lse,
+                                                            piece.query_head);
       // The staged rows were written by ordinary stores; TMA reads them (or, staged in the Q tile,
       // overwrites them with the next Q) through the async proxy: each writing thread fences.
       fence_shared_for_async_proxy();
@@ -538,26 +432,14 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         // 64 rows (rows past Nq and columns past D are not written).
         sync_threads(1 + consumer, kWarpgroupThreads);
         if (thread == 0 && consumer_first_row < q_seq) {
-          for (int panel = 0; panel < T::kPanels; ++panel) {
-            copy_box_to_global(
-                &out_map, shared_address(out_tile + panel * T::kQueryPanelBytes + consumer * kMmaRows * kPanelRowBytes),
-                panel * kPanelColumns, consumer_first_row, piece.query_head);
-          }
-          commit_stores();
+          store_staged_rows<T::kPanels, T::kQueryPanelBytes>(&out_map, out_tile, consumer * kMmaRows,
+                                                             consumer_first_row, piece.query_head);
         }
       } else {
         // The fallback (D not a multiple of 8, or O off a 16-byte boundary): element by element.
         sync_threads(1 + consumer, kWarpgroupThreads);
-        for (int index_in_tile = thread; index_in_tile < kMmaRows * dim; index_in_tile += kWarpgroupThreads) {
-          const int row = index_in_tile / dim;
-          const int column = index_in_tile % dim;
-          if (consumer_first_row + row >= q_seq) break;
-          const int offset = column / kPanelColumns * T::kQueryPanelBytes +
-                             (consumer * kMmaRows + row) * kPanelRowBytes +
-                             ((column % kPanelColumns / 8) ^ (row % kSwizzleRows)) * 16 + column % 8 * 2;
-          o[(static_cast<int64_t>(piece.query_head) * q_seq + consumer_first_row + row) * dim + column] =
-              *reinterpret_cast<const Element*>(out_tile + offset);
-        }
+        copy_staged_rows<Element, T::kQueryPanelBytes>(o, out_tile, consumer * kMmaRows, thread, consumer_first_row,
+                                                       q_seq, dim, piece.query_head);
       }
       // O staged in the Q tile: the Q tile is free once the store has read it.
       if (!T::kOutTile) {
@@ -576,27 +458,11 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 }
 
 template <typename Element, int kDim>
-Status launch(const ForwardArgs& args, const void* q, const void* k, const void* v, int64_t columns,
-              bool store_by_copy_engine) {
+Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
   using T = Tiling<kDim>;
   const Problem& problem = args.problem;
-  constexpr bool kBf16 = std::is_same_v<Element, __nv_bfloat16>;
-  // The tensor maps: Q and O are (B·Hq) x Nq x D, K and V (B·Hkv) x Nk x D, with `columns` the
-  // (possibly padded) row length. A grouped query head finds its K/V head by coordinate.
-  CUtensorMap query_map{};
-  CUtensorMap key_map{};
-  CUtensorMap value_map{};
-  CUtensorMap out_map{};
-  FA_STATUS_TRY(kernel::encode_matrix_stack(query_map, kBf16, q, columns, problem.q_seq, problem.q_heads_total(),
-                                            kPanelColumns, T::kQueryRows));
-  FA_STATUS_TRY(kernel::encode_matrix_stack(key_map, kBf16, k, columns, problem.kv_seq, problem.kv_heads_total(),
-                                            kPanelColumns, T::kKeys));
-  FA_STATUS_TRY(kernel::encode_matrix_stack(value_map, kBf16, v, columns, problem.kv_seq, problem.kv_heads_total(),
-                                            kPanelColumns, T::kKeys));
-  if (store_by_copy_engine) {
-    FA_STATUS_TRY(kernel::encode_matrix_stack(out_map, kBf16, args.o, problem.dim, problem.q_seq,
-                                              problem.q_heads_total(), kPanelColumns, kMmaRows));
-  }
+  kernel::AttentionMaps maps;
+  FA_STATUS_TRY(kernel::encode_attention_maps<Element>(args, inputs, T::kQueryRows, T::kKeys, &maps));
   const auto kernel = &overlapped_attention_kernel<Element, kDim>;
   FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
   const int64_t query_tiles = (problem.q_seq + T::kQueryRows - 1) / T::kQueryRows;
@@ -612,37 +478,18 @@ Status launch(const ForwardArgs& args, const void* q, const void* k, const void*
     int device = 0;
     int multiprocessors = 0;
     FA_CUDA_TRY(cudaGetDevice(&device));
-    FA_CUDA_TRY(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
+    FA_STATUS_TRY(multiprocessor_count(device, &multiprocessors));
     blocks = std::min<int64_t>(pieces, multiprocessors);
   }
   const float scale_log2 = softmax_scale(problem) * kernel::kLog2e;
   // Every count below fits an int: the runner has checked the problem against validate_problem's
   // limits (B·Hq <= 2^20, N <= 2^24) and the pieces against 2^31 - 1.
   kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
-      query_map, key_map, value_map, out_map, static_cast<Element*>(args.o), args.lse, static_cast<int>(problem.q_seq),
-      static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim), static_cast<int>(query_tiles),
-      static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads), static_cast<int>(problem.q_heads_total()),
-      static_cast<int>(pieces), problem.causal, store_by_copy_engine, scale_log2);
-  FA_LAUNCH_TRY();
-  return Status();
-}
-
-int64_t padded_dim(int64_t dim) { return (dim + kAlignElements - 1) / kAlignElements * kAlignElements; }
-
-// Bytes of the padded copies of Q, K and V; none when D is a multiple of 8 (TMA reads the inputs).
-int64_t workspace(const Problem& problem, Pass /*pass*/) {
-  if (problem.dim % kAlignElements == 0) return 0;
-  return (problem.q_rows() + 2 * problem.kv_rows()) * padded_dim(problem.dim) * 2;
-}
-
-template <typename Element>
-Status pad_rows(const void* source, Element* destination, int64_t rows, const Problem& problem, cudaStream_t stream) {
-  constexpr int kThreads = 256;
-  const int64_t total = rows * padded_dim(problem.dim);
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65536));
-  pad_rows_kernel<Element><<<blocks, kThreads, 0, stream>>>(static_cast<const Element*>(source), destination, rows,
-                                                            static_cast<int>(problem.dim),
-                                                            static_cast<int>(padded_dim(problem.dim)));
+      maps.query, maps.key, maps.value, maps.out, static_cast<Element*>(args.o), args.lse,
+      static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim),
+      static_cast<int>(query_tiles), static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads),
+      static_cast<int>(problem.q_heads_total()), static_cast<int>(pieces), problem.causal, inputs.store_by_copy_engine,
+      scale_log2);
   FA_LAUNCH_TRY();
   return Status();
 }
@@ -651,71 +498,24 @@ Status pad_rows(const void* source, Element* destination, int64_t rows, const Pr
 // against the descriptor before this runs.
 template <typename Element>
 Status forward(const ForwardArgs& args) {
-  const Problem& problem = args.problem;
-  const void* q = args.q;
-  const void* k = args.k;
-  const void* v = args.v;
-  int64_t columns = problem.dim;
-  const bool padded = problem.dim % kAlignElements != 0;
-  if (padded) {
-    // TMA cannot describe rows of D elements: copy Q, K and V into rows of the next multiple of 8,
-    // zero-filled, and read those. The kernel still scales by 1/sqrt(D) of the real D and writes
-    // only D columns of O.
-    if (args.workspace == nullptr || !aligned16(args.workspace)) {
-      return Status::unsupported("10_overlap: head dim " + std::to_string(problem.dim) +
-                                 " needs the declared workspace (16-byte aligned) for padded copies of Q, K and V");
-    }
-    columns = padded_dim(problem.dim);
-    Element* q_copy = static_cast<Element*>(args.workspace);
-    Element* k_copy = q_copy + problem.q_rows() * columns;
-    Element* v_copy = k_copy + problem.kv_rows() * columns;
-    FA_STATUS_TRY(pad_rows<Element>(args.q, q_copy, problem.q_rows(), problem, args.stream));
-    FA_STATUS_TRY(pad_rows<Element>(args.k, k_copy, problem.kv_rows(), problem, args.stream));
-    FA_STATUS_TRY(pad_rows<Element>(args.v, v_copy, problem.kv_rows(), problem, args.stream));
-    q = q_copy;
-    k = k_copy;
-    v = v_copy;
-  } else if (!all_aligned16({args.q, args.k, args.v})) {
-    return Status::unsupported("10_overlap: TMA reads Q, K and V only from 16-byte aligned addresses");
-  }
-  // O goes out by TMA too when it can be described to it; else element by element.
-  const bool store_by_copy_engine = !padded && aligned16(args.o);
-  return dispatch_head_dim<64, 128, kMaxDim>(problem.dim, [&](auto bucket) {
-    return launch<Element, decltype(bucket)::value>(args, q, k, v, columns, store_by_copy_engine);
-  });
-}
-
-StageDescriptor describe(Precision precision, ForwardFn forward_function, const char* title) {
-  StageDescriptor stage;
-  stage.id = "10_overlap";
-  stage.title = title;
-  stage.backend = Backend::cuda;
-  stage.precision = precision;
-  stage.forward = forward_function;
-  stage.workspace_bytes = &workspace;
-  stage.max_dim = kMaxDim;
-  stage.architecture = {90, true};  // sm_90a: wgmma and setmaxnreg (TMA and mbarrier's byte count: sm_90)
-  stage.features.causal = true;
-  stage.features.grouped = true;
-  stage.features.rectangular = true;
-  stage.features.lse = true;
-  stage.features.backward = false;
-  stage.trace = nullptr;
-  stage.kv_passes = 1.0;
-  stage.source_hash = FA_SOURCE_HASH;
-  return stage;
+  kernel::TmaInputs inputs;
+  FA_STATUS_TRY(kernel::tma_inputs<Element>(args, "10_overlap", &inputs));
+  return dispatch_head_dim<64, 128, kernel::kTmaMaxDim>(
+      args.problem.dim, [&](auto bucket) { return launch<Element, decltype(bucket)::value>(args, inputs); });
 }
 
 }  // namespace
 
 StageDescriptor overlap_fp16() {
-  return describe(Precision::fp16, &forward<__half>,
-                  "stage 09 + ping-pong warpgroups and the softmax under P·V (FP16, sm_90a)");
+  return kernel::describe_tma_stage("10_overlap", Precision::fp16, &forward<__half>,
+                                    "stage 09 + ping-pong warpgroups and the softmax under P·V (FP16, sm_90a)",
+                                    FA_SOURCE_HASH);
 }
 
 StageDescriptor overlap_bf16() {
-  return describe(Precision::bf16, &forward<__nv_bfloat16>,
-                  "stage 09 + ping-pong warpgroups and the softmax under P·V (BF16, sm_90a)");
+  return kernel::describe_tma_stage("10_overlap", Precision::bf16, &forward<__nv_bfloat16>,
+                                    "stage 09 + ping-pong warpgroups and the softmax under P·V (BF16, sm_90a)",
+                                    FA_SOURCE_HASH);
 }
 
 }  // namespace fa::stages

@@ -21,12 +21,10 @@
 #include <cstdint>
 
 #include "fa/causal.hpp"
-#include "fa/kernel/convert.cuh"
 #include "fa/kernel/cp_async.cuh"
-#include "fa/kernel/exp2.cuh"
-#include "fa/kernel/mbarrier.cuh"  // shared_address
-#include "fa/kernel/tma.cuh"       // fence_shared_for_async_proxy
+#include "fa/kernel/tma.cuh"  // fence_shared_for_async_proxy
 #include "fa/kernel/wgmma.cuh"
+#include "fa/kernel/wgmma_walk.cuh"
 #include "split_kv.hpp"
 #include "split_kv_device.cuh"
 
@@ -42,24 +40,21 @@ namespace fa::stages::split_kv {
 
 namespace {
 
-using kernel::advance_descriptor;
 using kernel::commit_copies;
 using kernel::fence_registers;
 using kernel::fence_shared_for_async_proxy;
+using kernel::kMmaDepth;
+using kernel::kPanelColumns;
+using kernel::kPanelRowBytes;
+using kernel::kSwizzleBytes;
+using kernel::kSwizzleRows;
 using kernel::matrix_descriptor;
+using kernel::mn_major_descriptor;
 using kernel::shared_address;
 using kernel::wait_copies;
-using kernel::wgmma_commit;
-using kernel::wgmma_fence;
-using kernel::wgmma_registers;
-using kernel::wgmma_shared;
 using kernel::wgmma_wait;
 
-constexpr int kPanelColumns = 64;                             // one 128-byte swizzled row of a panel
-constexpr int kPanelRowBytes = 128;                           // ... in bytes
-constexpr int kSwizzleRows = 8;                               // the swizzle permutes the 16-byte chunks of every 8 rows
-constexpr int kSwizzleBytes = kSwizzleRows * kPanelRowBytes;  // its period: tiles start 1024-aligned
-constexpr int kChunkBytes = 16;                               // one cp.async
+constexpr int kChunkBytes = 16;  // one cp.async
 
 // One head-dim bucket (64 or 128): one warpgroup on a 64-row tile, a ring of kStages 64-key stages.
 // At D = 128, 16 KB of Q and 32 KB a stage.
@@ -103,11 +98,8 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
                        int splits, int chunk_keys, int64_t q_rows, bool causal, float scale_log2) {
 #if FA_STAGE12_WGMMA_CODE
   using T = WgmmaTiling<kDim>;
-  constexpr int kMmaDepth = 16;                    // the K of one wgmma: 16 dims, or 16 keys
-  constexpr int kDimSteps = kDim / kMmaDepth;      // wgmma of S = Q·Kᵀ
   constexpr int kKeySteps = T::kKeys / kMmaDepth;  // wgmma of O += P·V
   constexpr int kScoreTiles = T::kKeys / kAccumulatorColumns;
-  constexpr int kStepsPerPanel = kPanelColumns / kMmaDepth;  // a panel row is 4 steps of 32 bytes
 
   extern __shared__ unsigned char shared_memory[];
   unsigned char* query_tile =
@@ -152,9 +144,6 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
   // of Q or K (K-major) is 32 bytes along the row, and a new panel every four steps. V is read
   // MN-major: a 16-key step is 16 rows on, and the leading byte offset steps between its panels.
   const uint64_t query_descriptor = matrix_descriptor(shared_address(query_tile), 16, kSwizzleBytes);
-  const auto dim_step_offset = [](int step, int panel_bytes) {
-    return static_cast<unsigned>(step / kStepsPerPanel * panel_bytes + step % kStepsPerPanel * 2 * kMmaDepth);
-  };
 
   // O unnormalized in FP32 accumulators (kDim / 2 a thread), the running max m (log2 units) and this
   // thread's share of the sum l of rows `group` and `group + 8`, started as split_kv.cu starts them.
@@ -182,35 +171,19 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
     if (tile + T::kStages - 2 < keys.tiles) issue_kv_tile(tile + T::kStages - 2);
     commit_copies();
   };
-  // S = Q Kᵀ of tile `tile`: kDimSteps wgmma of 64 rows × 64 keys × 16 dims, one group.
+  // S = Q Kᵀ of tile `tile`: kDim / 16 wgmma of 64 rows × 64 keys × 16 dims, one group (the descriptor
+  // walk of fa/kernel/wgmma_walk.cuh).
   float scores[T::kKeys / 2];
   const auto issue_scores = [&](int tile) {
-    const uint64_t key_descriptor = matrix_descriptor(shared_address(key_slot(tile % T::kStages)), 16, kSwizzleBytes);
-    wgmma_fence();
-#pragma unroll
-    for (int step = 0; step < kDimSteps; ++step) {
-      const uint64_t a = advance_descriptor(query_descriptor, dim_step_offset(step, T::kRows * kPanelRowBytes));
-      const uint64_t b = advance_descriptor(key_descriptor, dim_step_offset(step, T::kKvPanelBytes));
-      if (step == 0) {
-        wgmma_shared<Element, T::kKeys, false>(scores, a, b);
-      } else {
-        wgmma_shared<Element, T::kKeys, true>(scores, a, b);
-      }
-    }
-    wgmma_commit();
+    kernel::issue_scores<Element, kDim, T::kKeys, T::kRows * kPanelRowBytes, T::kKvPanelBytes>(
+        scores, query_descriptor, matrix_descriptor(shared_address(key_slot(tile % T::kStages)), 16, kSwizzleBytes));
   };
   // O += P V of tile `tile`: P's fragments from registers, one wgmma per 16 keys, one group.
   unsigned probs[kKeySteps][4];
   const auto issue_values = [&](int tile) {
-    const uint64_t value_descriptor = matrix_descriptor(shared_address(key_slot(tile % T::kStages) + T::kKvTileBytes),
-                                                        T::kKvPanelBytes, kSwizzleBytes);
-    wgmma_fence();
-#pragma unroll
-    for (int j = 0; j < kKeySteps; ++j) {
-      wgmma_registers<Element, kDim>(out, probs[j],
-                                     advance_descriptor(value_descriptor, j * kMmaDepth * kPanelRowBytes));
-    }
-    wgmma_commit();
+    kernel::issue_values<Element, kDim>(
+        out, probs,
+        mn_major_descriptor<T::kKvPanelBytes>(shared_address(key_slot(tile % T::kStages) + T::kKvTileBytes)));
   };
   // The online softmax on the accumulators (split_kv_device.cuh): scores[4j + e] is key
   // key_base + 8j + 2·quad + e % 2 of the top row (e < 2) or the bottom row (e >= 2). Then P packed
@@ -237,7 +210,7 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
     wgmma_wait<0>();
     fence_registers(scores);
     softmax(0, rescale);  // O is still zero: nothing to rescale
-    pack_probabilities<Element, kKeySteps>(scores, probs);
+    kernel::pack_probabilities<Element>(scores, probs);
   }
 #pragma unroll 1
   for (int tile = 1; tile < keys.tiles; ++tile) {
@@ -254,7 +227,7 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
     fence_registers(probs);
 #pragma unroll
     for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
-    pack_probabilities<Element, kKeySteps>(scores, probs);
+    kernel::pack_probabilities<Element>(scores, probs);
   }
   if (keys.tiles > 0) {
     issue_values(keys.tiles - 1);

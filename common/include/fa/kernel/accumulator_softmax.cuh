@@ -1,0 +1,59 @@
+// The online softmax on FP32 accumulator fragments (taught in stage 08's README, the online softmax
+// on mma.sync's registers; stage 09's, "The wgmma accumulator layout": wgmma's accumulators are the
+// same layout, warp by warp). Element 4j + e of a thread's array is row `group` (e < 2) or
+// `group + 8` (e >= 2), column 8j + 2·quad + e % 2, where group = lane / 4 and quad = lane % 4; the
+// four threads of a quad share the two rows. The running max m is kept in log2 units
+// (s · scale · log2 e), so each exponential is one exp2 on the special-function unit.
+#pragma once
+
+#include <cmath>
+
+#include "fa/kernel/exp2.cuh"
+#include "fa/kernel/warp.cuh"
+
+namespace fa::kernel {
+
+// Scores of keys the row does not see become -inf: the causal mask, the keys past Nk of a partial
+// last tile (zero-filled: they must weigh nothing, so -inf, never 0). `tile_key` is the tile's
+// first key; the keys of this thread's top row (half 0) and bottom row (half 1) end below
+// key_limit(half).
+template <int kTiles, typename KeyLimit>
+__device__ __forceinline__ void mask_scores(float (&scores)[4 * kTiles], int tile_key, int quad, KeyLimit key_limit) {
+  constexpr int kColumns = 8;  // of one accumulator tile
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (tile_key + j * kColumns + 2 * quad + e % 2 >= key_limit(e / 2)) scores[4 * j + e] = -INFINITY;
+    }
+  }
+}
+
+// One tile's step: the tile's row max over the four threads of each row, the new running max m,
+// `rescale` = 2^(m_old − m_new) for O and l, then p = 2^(s · scale · log2 e − m) in place of s,
+// added into this thread's share of l. The caller rescales O (when and where its schedule says).
+template <int kTiles>
+__device__ __forceinline__ void online_softmax(float (&scores)[4 * kTiles], float (&row_max)[2], float (&row_sum)[2],
+                                               float (&rescale)[2], float scale_log2) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      tile_max = fmaxf(tile_max, fmaxf(scores[4 * j + 2 * half], scores[4 * j + 2 * half + 1]));
+    }
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 2));
+    const float new_max = fmaxf(row_max[half], tile_max * scale_log2);
+    rescale[half] = fast_exp2(row_max[half] - new_max);
+    row_max[half] = new_max;
+    row_sum[half] *= rescale[half];
+  }
+#pragma unroll
+  for (int i = 0; i < 4 * kTiles; ++i) {
+    scores[i] = fast_exp2(fmaf(scores[i], scale_log2, -row_max[i % 4 / 2]));
+    row_sum[i % 4 / 2] += scores[i];
+  }
+}
+
+}  // namespace fa::kernel

@@ -1,0 +1,701 @@
+// Stage 13: the FlashAttention backward pass on Hopper — stage 11's algorithm on stage 09's
+// machinery: TMA copies into an mbarrier ring, the five products as wgmma, one producer warp and
+// two consumer warpgroups.
+//
+// A block owns one tile of 128 keys of one K/V head and keeps that tile's dK and dV in FP32
+// wgmma accumulators while it walks every query tile of every query head of its group (stage 11's
+// K/V-stationary loop; the group's dK and dV are summed in registers, written once). Each consumer
+// warpgroup owns 64 of the keys, the M of a wgmma, so every product is the warpgroup's own:
+//
+//   product          M × N × K (per warpgroup)      A from             B from
+//   Sᵀ  = K Qᵀ       64 keys × Br × D               shared (K, rows)   shared (Q, K-major)
+//   dPᵀ = V dOᵀ      64 keys × Br × D               shared (V, rows)   shared (dO, K-major)
+//   dV += Pᵀ dO      64 keys × D × Br               registers (Pᵀ)     shared (dO, MN-major)
+//   dK += dSᵀ Q      64 keys × D × Br               registers (dSᵀ)    shared (Q, MN-major)
+//   dQ  = dS K       64 queries × 64 dims × 128     shared (dSᵀ, MN)   shared (K, MN-major)
+//
+// Pᵀ and dSᵀ come out of the first two products in the accumulator layout, which is the register
+// A layout of the next two (stage 09's P·V trick, now with keys as the rows). dQ needs dS with the
+// queries as rows and all 128 keys of the block as the depth, so dSᵀ goes through shared memory
+// once; each warpgroup then multiplies half of dQ (64 of its dims at D = 128, 64 of its queries at
+// D = 64) and adds it to an FP32 workspace in global memory with 16-byte atomic adds. A last kernel
+// scales that sum and rounds it to the element type; a first one computes D_i = rowsum(dO ∘ O).
+//
+// Head dims up to 128 in two buckets (64: Br = 128 queries a step; 128: Br = 64), D a multiple of
+// 8 (TMA's row rule) and 16-byte aligned tensors; anything else goes to stage 11's mma.sync
+// backward, which takes every shape (README: "What goes to stage 11").
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+#include <type_traits>
+
+#include "fa/cuda_check.hpp"
+#include "fa/kernel/convert.cuh"
+#include "fa/kernel/exp2.cuh"
+#include "fa/kernel/launch_order.cuh"
+#include "fa/kernel/mbarrier.cuh"
+#include "fa/kernel/tma.cuh"
+#include "fa/kernel/wgmma.cuh"
+#include "fa/launch.hpp"
+#include "fa/problem.hpp"
+#include "fa/stage.hpp"
+#include "fa_source_hash.h"
+
+// wgmma and setmaxnreg exist only in sm_90a (stage 09); CMake builds this file for it alone.
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FA_STAGE13_DEVICE_CODE 1
+#else
+#define FA_STAGE13_DEVICE_CODE 0
+#endif
+
+namespace fa::stages {
+
+// The forward pass is stage 10's (it writes the LSE this pass rebuilds P from); shapes this stage
+// does not take go to stage 11's backward.
+StageDescriptor overlap_fp16();
+StageDescriptor overlap_bf16();
+StageDescriptor backward_fp16();
+StageDescriptor backward_bf16();
+
+namespace {
+
+using kernel::kWarpgroupThreads;
+using kernel::pack_pair;
+
+constexpr int kWarpSize = 32;
+constexpr int kMmaRows = 64;         // the M of every wgmma: one warpgroup's keys (or queries, for dQ)
+constexpr int kMmaDepth = 16;        // the K of a 16-bit wgmma
+constexpr int kMmaColumns = 8;       // columns per accumulator tile (the mma.m16n8 layout)
+constexpr int kPanelColumns = 64;    // one 128-byte swizzled row: a TMA box's width
+constexpr int kPanelRowBytes = 128;  // ... in bytes
+constexpr int kSwizzleRows = 8;      // the 128-byte swizzle repeats every 8 rows
+constexpr int kSwizzleBytes = kSwizzleRows * kPanelRowBytes;
+constexpr int kKeys = 128;     // Bc: the keys of a block, two consumer warpgroups of 64
+constexpr int kConsumers = 2;  // consumer warpgroups
+constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
+constexpr int kMaxDim = 256;         // with stage 11 beyond 128
+constexpr int kMaxOwnDim = 128;      // this stage's own kernels
+constexpr int kAlignElements = 8;    // TMA: a row's byte stride is a multiple of 16
+constexpr int kWorkspaceRows = 128;  // each query head's rows in the workspaces: a multiple of every Br
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;
+constexpr int kGradQueryBarrier = 1;  // named barrier: dSᵀ of both consumers is in shared memory
+
+// Everything that sizes the kernel of one head-dim bucket (64 or 128).
+template <int kDim>
+struct Tiling {
+  // Br, the queries of a step. The registers decide: a consumer thread holds dK and dV (kDim
+  // floats), Sᵀ and dPᵀ (Br floats) and their 16-bit copies; at D = 128 Br = 64 fills 240
+  // registers, at D = 64 Br = 128 does.
+  static constexpr int kQueries = kDim <= 64 ? 128 : 64;
+  static constexpr int kStages = 2;  // query tiles in the ring
+  static constexpr int kPanels = kDim / kPanelColumns;
+  static constexpr int kKvPanelBytes = kKeys * kPanelRowBytes;
+  static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
+  static constexpr int kQueryPanelBytes = kQueries * kPanelRowBytes;
+  static constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
+  // dSᵀ: rows are the block's 128 keys, each Br queries long, in panels of 64 queries (128-byte
+  // swizzled rows, like a TMA tile), two buffers (steps alternate).
+  static constexpr int kScorePanels = kQueries / kPanelColumns;
+  static constexpr int kScorePanelBytes = kKeys * kPanelRowBytes;
+  static constexpr int kScoreTileBytes = kScorePanels * kScorePanelBytes;
+  // dQ's split between the consumers: 64 dims each at D = 128, 64 queries each at D = 64.
+  static_assert(kScorePanels * kPanels == kConsumers, "each consumer multiplies one 64 x 64 part of dQ");
+  static constexpr int kRowBytes = kQueries * 4;  // the FP32 LSE (or D) of a step's rows
+  static constexpr int kBarriers = 1 + 2 * kStages;
+  static constexpr int kSharedBytes = kSwizzleBytes + 2 * kKvTileBytes + kStages * 2 * kQueryTileBytes +
+                                      2 * kScoreTileBytes + kStages * 2 * kRowBytes + kBarriers * 8;
+  static_assert(kWorkspaceRows % kQueries == 0, "whole query tiles in each head's workspace rows");
+  static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 65536,
+                "setmaxnreg moves only the registers the block was launched with");
+  static_assert(kSharedBytes <= 227 * 1024, "one block's shared memory on an H100/H200");
+};
+
+// The place of dQ's element (row, column) in its query tile's Br × kDim FP32 workspace: consumer
+// part p (64 x 64), then the order the atomics write it in, which is the accumulator layout: the
+// 128 threads' registers 4t .. 4t + 3 side by side (one 16-byte atomic a thread, a warp's 512
+// bytes contiguous), t = 0 .. 7.
+template <int kDim>
+__device__ __forceinline__ int grad_query_offset(int row, int column) {
+  using T = Tiling<kDim>;
+  const int part = T::kScorePanels == 2 ? row / kMmaRows : column / kPanelColumns;
+  const int part_row = row % kMmaRows;
+  const int part_column = column % kPanelColumns;
+  const int thread = part_row / 16 * kWarpSize + part_row % 8 * 4 + part_column % kMmaColumns / 2;
+  const int element = part_column / kMmaColumns * 4 + part_row % 16 / 8 * 2 + part_column % 2;
+  return part * kMmaRows * kPanelColumns + (element / 4 * kWarpgroupThreads + thread) * 4 + element % 4;
+}
+
+// 1D bulk copy global -> shared (no tensor map), completing on `barrier`: the LSE and D of a step.
+__device__ __forceinline__ void copy_bytes_to_shared(unsigned destination, const void* source, unsigned bytes,
+                                                     unsigned barrier) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(destination),
+      "l"(source), "r"(bytes), "r"(barrier)
+      : "memory");
+}
+
+// dQ's product: A = dS read from dSᵀ (MN-major: imm-trans-a = 1), B = K read MN-major (its rows are
+// keys, the depth), 64 x 64 x 16. `accumulate` false overwrites the accumulators.
+template <typename Element>
+__device__ __forceinline__ void wgmma_transposed(float (&d)[32], uint64_t a_descriptor, uint64_t b_descriptor,
+                                                 bool accumulate) {
+#define FA_STAGE13_WGMMA(type)                                                                                         \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\nwgmma.mma_async.sync.aligned.m64n64k16.f32." type "." type   \
+               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "     \
+               "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"                 \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),       \
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),            \
+                 "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),            \
+                 "+f"(d[30]), "+f"(d[31])                                                                              \
+               : "l"(a_descriptor), "l"(b_descriptor), "r"(static_cast<int>(accumulate)));
+  if constexpr (std::is_same_v<Element, __half>) {
+    FA_STAGE13_WGMMA("f16")
+  } else {
+    FA_STAGE13_WGMMA("bf16")
+  }
+#undef FA_STAGE13_WGMMA
+}
+
+// Preprocessing, one warp per row of the workspaces (each head's rows padded to kWorkspaceRows):
+// D_i = rowsum(dO ∘ O), and the LSE in log2 units. Rows past Nq, and rows that see no key
+// (LSE = -inf), get LSE = +inf: their P = 2^(s − inf) = 0, so they add nothing.
+template <typename Element>
+__global__ void row_prepare_kernel(const Element* __restrict__ out, const Element* __restrict__ grad_out,
+                                   const float* __restrict__ lse, float* __restrict__ lse_log2,
+                                   float* __restrict__ row_delta, int64_t workspace_rows, int q_seq,
+                                   int workspace_head_rows, int dim) {
+  const int64_t index = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (index >= workspace_rows) return;
+  const int64_t head = index / workspace_head_rows;
+  const int row = static_cast<int>(index % workspace_head_rows);
+  float sum = 0.0f;
+  float log2_lse = INFINITY;
+  if (row < q_seq) {
+    const int64_t first = (head * q_seq + row) * dim;
+    for (int d = lane; d < dim; d += kWarpSize) {
+      sum += static_cast<float>(out[first + d]) * static_cast<float>(grad_out[first + d]);
+    }
+    const float value = lse[head * q_seq + row];
+    if (value != -INFINITY) log2_lse = value * kernel::kLog2e;
+  }
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane == 0) {
+    row_delta[index] = sum;
+    lse_log2[index] = log2_lse;
+  }
+}
+
+// The last step: dQ = scale · (the FP32 sum every key tile added), rounded to the element type,
+// one warp per row of dQ.
+template <typename Element, int kDim>
+__global__ void scale_grad_query_kernel(const float* __restrict__ accumulated, Element* __restrict__ grad_q,
+                                        int64_t rows, int q_seq, int workspace_head_rows, int dim, float scale) {
+  using T = Tiling<kDim>;
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  if (row >= rows) return;
+  const int64_t head = row / q_seq;
+  const int row_in_head = static_cast<int>(row % q_seq);
+  const float* tile =
+      accumulated + (head * workspace_head_rows + row_in_head / T::kQueries * T::kQueries) * int64_t{kDim};
+  for (int d = threadIdx.x % kWarpSize; d < dim; d += kWarpSize) {
+    grad_q[row * dim + d] =
+        kernel::to_element<Element>(tile[grad_query_offset<kDim>(row_in_head % T::kQueries, d)] * scale);
+  }
+}
+
+// One block: keys [key_base, key_base + 128) of one K/V head, against every query row of its group.
+// Threads 0-127 are the producer warpgroup (thread 0 issues every copy), then two consumer
+// warpgroups of 64 keys each. Q and dO are described as (B·Hq) x Nq x D, K and V as (B·Hkv) x Nk x
+// D; lse_log2 and row_delta are (B·Hq) x workspace_head_rows, as is grad_q_sum (x kDim floats).
+// kDeterministic: each part of a dQ tile takes the key tiles' additions in key order (turns).
+template <typename Element, int kDim, bool kDeterministic>
+__global__ void __launch_bounds__(kThreads, 1)
+    backward_kernel(const __grid_constant__ CUtensorMap query_map, const __grid_constant__ CUtensorMap grad_out_map,
+                    const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap value_map,
+                    const float* __restrict__ lse_log2, const float* __restrict__ row_delta,
+                    float* __restrict__ grad_q_sum, int* __restrict__ turns, Element* __restrict__ grad_k,
+                    Element* __restrict__ grad_v, int q_seq, int kv_seq, int dim, int workspace_head_rows,
+                    int key_tiles, int q_heads, int kv_heads, int kv_heads_total, bool causal, float scale,
+                    float scale_log2) {
+#if FA_STAGE13_DEVICE_CODE
+  using T = Tiling<kDim>;
+  using namespace kernel;
+  constexpr int kDimSteps = kDim / kMmaDepth;                // 16-dim steps of Sᵀ and dPᵀ
+  constexpr int kQuerySteps = T::kQueries / kMmaDepth;       // 16-query steps of dV and dK
+  constexpr int kKeySteps = kKeys / kMmaDepth;               // 16-key steps of dQ
+  constexpr int kStepsPerPanel = kPanelColumns / kMmaDepth;  // 4: a panel row is 4 steps of 32 bytes
+
+  // Shared memory, aligned to the swizzle's 1024-byte period: K, V (kPanels panels of 128 rows
+  // each), the ring (slot s: Q, dO), dSᵀ twice, the ring's rows (slot s: LSE, D), the barriers.
+  extern __shared__ unsigned char shared_memory[];
+  unsigned char* shared =
+      shared_memory + ((kSwizzleBytes - shared_address(shared_memory) % kSwizzleBytes) % kSwizzleBytes);
+  unsigned char* key_tile = shared;
+  unsigned char* value_tile = key_tile + T::kKvTileBytes;
+  unsigned char* ring = value_tile + T::kKvTileBytes;
+  unsigned char* score_tiles = ring + T::kStages * 2 * T::kQueryTileBytes;
+  float* row_data = reinterpret_cast<float*>(score_tiles + 2 * T::kScoreTileBytes);
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(row_data + T::kStages * 2 * T::kQueries);
+  uint64_t* kv_full = barriers;                     // K and V have landed
+  uint64_t* slot_full = barriers + 1;               // [kStages]: Q, dO, LSE, D of a step have landed
+  uint64_t* slot_free = barriers + 1 + T::kStages;  // [kStages]: every consumer warp is done with them
+
+  // Which keys: heaviest first under the causal mask (key tile 0 sees every query tile), by
+  // launch_order.cuh's bands of a few tiles of a few heads; K/V head slow otherwise.
+  const Work<unsigned> work = ordered_work<unsigned>(blockIdx.x, static_cast<unsigned>(key_tiles),
+                                                     static_cast<unsigned>(kv_heads_total), causal);
+  const int key_tile_index =
+      causal ? key_tiles - 1 - static_cast<int>(work.query_tile) : static_cast<int>(work.query_tile);
+  const int kv_head = static_cast<int>(work.query_head);  // b·Hkv + g
+  const int key_base = key_tile_index * kKeys;
+  const int group_size = q_heads / kv_heads;
+  const int first_query_head = kv_head / kv_heads * q_heads + kv_head % kv_heads * group_size;
+  // The query rows that see any key of the tile: all, or under the causal mask (bottom-right) rows
+  // from key_base + Nq − Nk on; the query tiles above them are never loaded.
+  const int first_query_tile = causal ? max(0, key_base + q_seq - kv_seq) / T::kQueries : 0;
+  const int query_tiles = (q_seq + T::kQueries - 1) / T::kQueries - first_query_tile;
+  const int steps = group_size * query_tiles;  // (query head of the group, query tile) pairs
+  const auto step_head = [&](int step) { return first_query_head + step / query_tiles; };
+  const auto step_row = [&](int step) { return (first_query_tile + step % query_tiles) * T::kQueries; };
+
+  if (threadIdx.x == 0) {
+    barrier_init(kv_full, 1);
+    for (int slot = 0; slot < T::kStages; ++slot) {
+      barrier_init(&slot_full[slot], 1);
+      barrier_init(&slot_free[slot], kConsumers * kWarpgroupThreads / kWarpSize);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  if (warpgroup == 0) {
+    // ---- The producer: K and V once, then Q, dO, LSE and D of every step into the ring ----------
+    release_registers<kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      prefetch_tensor_map(&query_map);
+      prefetch_tensor_map(&grad_out_map);
+      prefetch_tensor_map(&key_map);
+      prefetch_tensor_map(&value_map);
+      barrier_arrive_expect_bytes(kv_full, 2 * T::kKvTileBytes);
+      for (int panel = 0; panel < T::kPanels; ++panel) {
+        copy_box_to_shared(shared_address(key_tile + panel * T::kKvPanelBytes), &key_map, shared_address(kv_full),
+                           panel * kPanelColumns, key_base, kv_head);
+        copy_box_to_shared(shared_address(value_tile + panel * T::kKvPanelBytes), &value_map, shared_address(kv_full),
+                           panel * kPanelColumns, key_base, kv_head);
+      }
+      for (int step = 0; step < steps; ++step) {
+        const int slot = step % T::kStages;
+        // Pass n of the ring reuses the slot once the consumers have freed it from pass n − 1.
+        if (step >= T::kStages) barrier_wait(&slot_free[slot], (step / T::kStages - 1) & 1);
+        const int head = step_head(step);
+        const int row = step_row(step);
+        unsigned char* query_slot = ring + slot * 2 * T::kQueryTileBytes;
+        const unsigned full = shared_address(&slot_full[slot]);
+        barrier_arrive_expect_bytes(&slot_full[slot], 2 * T::kQueryTileBytes + 2 * T::kRowBytes);
+        for (int panel = 0; panel < T::kPanels; ++panel) {
+          copy_box_to_shared(shared_address(query_slot + panel * T::kQueryPanelBytes), &query_map, full,
+                             panel * kPanelColumns, row, head);
+          copy_box_to_shared(shared_address(query_slot + T::kQueryTileBytes + panel * T::kQueryPanelBytes),
+                             &grad_out_map, full, panel * kPanelColumns, row, head);
+        }
+        const int64_t first = static_cast<int64_t>(head) * workspace_head_rows + row;
+        float* slot_rows = row_data + slot * 2 * T::kQueries;
+        copy_bytes_to_shared(shared_address(slot_rows), lse_log2 + first, T::kRowBytes, full);
+        copy_bytes_to_shared(shared_address(slot_rows + T::kQueries), row_delta + first, T::kRowBytes, full);
+      }
+    }
+  } else {
+    // ---- The consumers: 64 keys each -----------------------------------------------------------
+    claim_registers<kConsumerRegisters>();
+    const int consumer = warpgroup - 1;
+    const int thread = threadIdx.x % kWarpgroupThreads;
+    const int warp = thread / kWarpSize;
+    const int lane = threadIdx.x % kWarpSize;
+    const int group = lane / 4;                            // accumulator rows group, group + 8 of the warp's 16
+    const int quad = lane % 4;                             // accumulator columns 2·quad, 2·quad + 1 of each 8
+    const int warp_key = consumer * kMmaRows + warp * 16;  // the warp's first key in the tile
+
+    // Matrix descriptors (stage 09's README, "The matrix descriptor"). K and V as A of Sᵀ and dPᵀ
+    // are K-major (a row is one key's dims): this consumer's 64 rows, a 16-dim step 32 bytes on,
+    // a new panel every four. Q and dO as B there are K-major too; as B of dV and dK they are read
+    // MN-major (a 16-query step is 16 rows on; the leading byte offset steps between dim panels),
+    // as V is in stage 09's P·V.
+    const auto dim_step_offset = [](int step, int panel_bytes) {
+      return static_cast<unsigned>(step / kStepsPerPanel * panel_bytes + step % kStepsPerPanel * 2 * kMmaDepth);
+    };
+    const uint64_t key_descriptor =
+        matrix_descriptor(shared_address(key_tile) + consumer * kMmaRows * kPanelRowBytes, 16, kSwizzleBytes);
+    const uint64_t value_descriptor =
+        matrix_descriptor(shared_address(value_tile) + consumer * kMmaRows * kPanelRowBytes, 16, kSwizzleBytes);
+    // dQ's part: 64 queries (panel `query_panel` of dSᵀ) by 64 dims (panel `dim_panel` of K).
+    const int query_panel = T::kScorePanels == 2 ? consumer : 0;
+    const int dim_panel = T::kPanels == 2 ? consumer : 0;
+    const uint64_t grad_key_descriptor =
+        matrix_descriptor(shared_address(key_tile) + dim_panel * T::kKvPanelBytes, T::kKvPanelBytes, kSwizzleBytes);
+    // Where this thread's dSᵀ pairs go: row warp_key + group (+ 8), column 8j + 2·quad of the
+    // step's queries, in the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)).
+    const int score_row_bytes = (warp_key + group) * kPanelRowBytes + quad * 4;
+
+    float key_grad[kDim / 2] = {};    // dK for the consumer's 64 keys, unscaled
+    float value_grad[kDim / 2] = {};  // dV
+
+    barrier_wait(kv_full, 0);
+
+#pragma unroll 1
+    for (int step = 0; step < steps; ++step) {
+      const int slot = step % T::kStages;
+      const int head = step_head(step);
+      const int query_base = step_row(step);
+      unsigned char* query_slot = ring + slot * 2 * T::kQueryTileBytes;
+      unsigned char* grad_out_slot = query_slot + T::kQueryTileBytes;
+      const float* slot_lse = row_data + slot * 2 * T::kQueries;
+      const float* slot_delta = slot_lse + T::kQueries;
+      barrier_wait(&slot_full[slot], (step / T::kStages) & 1);
+
+      // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: kDim / 16 wgmma each, committed as two groups, so that Pᵀ's
+      // exponentials run while dPᵀ is still on the tensor cores.
+      const uint64_t query_descriptor = matrix_descriptor(shared_address(query_slot), 16, kSwizzleBytes);
+      const uint64_t grad_out_descriptor = matrix_descriptor(shared_address(grad_out_slot), 16, kSwizzleBytes);
+      float scores[T::kQueries / 2];
+      float grad_probs[T::kQueries / 2];
+      wgmma_fence();
+#pragma unroll
+      for (int d = 0; d < kDimSteps; ++d) {
+        const uint64_t a = advance_descriptor(key_descriptor, dim_step_offset(d, T::kKvPanelBytes));
+        const uint64_t b = advance_descriptor(query_descriptor, dim_step_offset(d, T::kQueryPanelBytes));
+        if (d == 0) {
+          wgmma_shared<Element, T::kQueries, false>(scores, a, b);
+        } else {
+          wgmma_shared<Element, T::kQueries, true>(scores, a, b);
+        }
+      }
+      wgmma_commit();
+#pragma unroll
+      for (int d = 0; d < kDimSteps; ++d) {
+        const uint64_t a = advance_descriptor(value_descriptor, dim_step_offset(d, T::kKvPanelBytes));
+        const uint64_t b = advance_descriptor(grad_out_descriptor, dim_step_offset(d, T::kQueryPanelBytes));
+        if (d == 0) {
+          wgmma_shared<Element, T::kQueries, false>(grad_probs, a, b);
+        } else {
+          wgmma_shared<Element, T::kQueries, true>(grad_probs, a, b);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<1>();
+      fence_registers(scores);
+
+      // EXERCISE BEGIN: Pᵀ from the Sᵀ accumulators and the LSE, masked
+      // Pᵀ = 2^(s · scale · log2 e − LSE · log2 e): the exact probabilities, no max and no sum to
+      // redo. scores[4j + e] is key key_base + warp_key + group + 8·(e / 2) and query
+      // query_base + 8j + 2·quad + e % 2. Under the causal mask (bottom-right) a key past
+      // query + Nk − Nq weighs 0; only steps whose tile crosses that diagonal test it. Keys past Nk
+      // and queries past Nq need no test: TMA filled K, V, Q and dO there with zeros, and the
+      // workspace's LSE of a row past Nq is +inf, so they add nothing to what is kept.
+      const bool masked = causal && key_base + kKeys - 1 - query_base > kv_seq - q_seq;
+#pragma unroll
+      for (int j = 0; j < T::kQueries / kMmaColumns; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int query = j * kMmaColumns + 2 * quad + e % 2;
+          const int key = key_base + warp_key + group + 8 * (e / 2);
+          const bool visible = !masked || key - (query_base + query) <= kv_seq - q_seq;
+          scores[4 * j + e] = visible ? fast_exp2(fmaf(scores[4 * j + e], scale_log2, -slot_lse[query])) : 0.0f;
+        }
+      }
+      // EXERCISE END
+
+      wgmma_wait<0>();
+      fence_registers(grad_probs);
+
+      // dSᵀ = Pᵀ ∘ (dPᵀ − D), and both as 16-bit A fragments: accumulator tiles 2j and 2j + 1 are
+      // queries 16j .. 16j + 15, the depth of one wgmma of dV and dK (stage 09's P·V trick).
+      unsigned probs[kQuerySteps][4];
+      unsigned grad_scores[kQuerySteps][4];
+#pragma unroll
+      for (int j = 0; j < kQuerySteps; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int e = 8 * j + 2 * i;
+          const int query = e / 4 * kMmaColumns + 2 * quad;
+          const float delta = slot_delta[query];
+          const float delta_next = slot_delta[query + 1];
+          probs[j][i] = pack_pair<Element>(scores[e], scores[e + 1]);
+          grad_scores[j][i] =
+              pack_pair<Element>(scores[e] * (grad_probs[e] - delta), scores[e + 1] * (grad_probs[e + 1] - delta_next));
+        }
+      }
+
+      // dSᵀ into shared memory for dQ: rows group and group + 8, query pair 8·(2j + i / 2) + 2·quad.
+      unsigned char* score_tile = score_tiles + step % 2 * T::kScoreTileBytes;
+#pragma unroll
+      for (int j = 0; j < kQuerySteps; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int column_tile = 2 * j + i / 2;  // 8-query chunk of the step
+          const int row_offset = i % 2 * 8 * kPanelRowBytes;
+          const int chunk = column_tile % 8 ^ group;  // (warp_key + group + 8·(i % 2)) % 8 == group
+          *reinterpret_cast<unsigned*>(score_tile + column_tile / 8 * T::kScorePanelBytes + score_row_bytes +
+                                       row_offset + chunk * 16) = grad_scores[j][i];
+        }
+      }
+      // The tensor cores read it through the async proxy: fence, then meet the other consumer.
+      fence_shared_for_async_proxy();
+
+      // dV += Pᵀ dO and dK += dSᵀ Q, A from registers, B MN-major from the ring slot.
+      const uint64_t grad_out_columns =
+          matrix_descriptor(shared_address(grad_out_slot), T::kQueryPanelBytes, kSwizzleBytes);
+      const uint64_t query_columns = matrix_descriptor(shared_address(query_slot), T::kQueryPanelBytes, kSwizzleBytes);
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < kQuerySteps; ++j) {
+        wgmma_registers<Element, kDim>(value_grad, probs[j],
+                                       advance_descriptor(grad_out_columns, j * kMmaDepth * kPanelRowBytes));
+      }
+#pragma unroll
+      for (int j = 0; j < kQuerySteps; ++j) {
+        wgmma_registers<Element, kDim>(key_grad, grad_scores[j],
+                                       advance_descriptor(query_columns, j * kMmaDepth * kPanelRowBytes));
+      }
+      wgmma_commit();
+
+      // dQ = dS K over the block's 128 keys: both consumers' dSᵀ must be whole. Each consumer's
+      // previous dQ product (the other buffer) completed before it reached this barrier, so the
+      // next step may overwrite that buffer.
+      sync_threads(kGradQueryBarrier, kConsumers * kWarpgroupThreads);
+      const uint64_t score_descriptor = matrix_descriptor(
+          shared_address(score_tile) + query_panel * T::kScorePanelBytes, T::kScorePanelBytes, kSwizzleBytes);
+      float query_grad[32];
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kKeySteps; ++k) {
+        wgmma_transposed<Element>(query_grad, advance_descriptor(score_descriptor, k * kMmaDepth * kPanelRowBytes),
+                                  advance_descriptor(grad_key_descriptor, k * kMmaDepth * kPanelRowBytes), k > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(query_grad);
+      fence_registers(probs);
+      fence_registers(grad_scores);
+
+      // The slot's Q and dO are no longer read: one arrival per consumer warp frees it.
+      __syncwarp();
+      if (lane == 0) barrier_arrive(&slot_free[slot]);
+
+      // dQ's part into the FP32 workspace, unscaled: one 16-byte atomic per 4 accumulators.
+      float* part = grad_q_sum + (static_cast<int64_t>(head) * workspace_head_rows + query_base) * kDim +
+                    consumer * kMmaRows * kPanelColumns;
+      int* turn = nullptr;
+      if constexpr (kDeterministic) {
+        // Key tile t adds its part after tiles 0 .. t − 1 (every lower tile sees the query tile
+        // too), so the FP32 sum is the same every run.
+        turn = turns + ((static_cast<int64_t>(head) * workspace_head_rows + query_base) / T::kQueries) * kConsumers +
+               consumer;
+        if (thread == 0) {
+          int done = 0;
+          do {
+            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(done) : "l"(turn) : "memory");
+          } while (done < key_tile_index);
+        }
+        sync_threads(2 + consumer, kWarpgroupThreads);
+      }
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        atomicAdd(reinterpret_cast<float4*>(part + (t * kWarpgroupThreads + thread) * 4),
+                  make_float4(query_grad[4 * t], query_grad[4 * t + 1], query_grad[4 * t + 2], query_grad[4 * t + 3]));
+      }
+      if constexpr (kDeterministic) {
+        __threadfence();
+        sync_threads(2 + consumer, kWarpgroupThreads);
+        if (thread == 0) atomicAdd(turn, 1);
+      }
+    }
+
+    // dK = scale · Σ dSᵀ Q and dV, once: rows key_base + warp_key + group (+ 8), dims 8n + 2·quad, +1.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = key_base + warp_key + group + 8 * half;
+      if (key >= kv_seq) continue;
+      const int64_t first = (static_cast<int64_t>(kv_head) * kv_seq + key) * dim;
+#pragma unroll
+      for (int n = 0; n < kDim / kMmaColumns; ++n) {
+        const int column = n * kMmaColumns + 2 * quad;
+        if (column >= dim) continue;
+        const int e = 4 * n + 2 * half;
+        *reinterpret_cast<unsigned*>(grad_k + first + column) =
+            pack_pair<Element>(key_grad[e] * scale, key_grad[e + 1] * scale);
+        *reinterpret_cast<unsigned*>(grad_v + first + column) = pack_pair<Element>(value_grad[e], value_grad[e + 1]);
+      }
+    }
+  }
+#else
+  __trap();  // never launched: the runner refuses every GPU but sm_90 (the descriptor's architecture)
+#endif
+}
+
+// The rows of each query head in the workspaces: Nq rounded up to whole tiles of any Br.
+int64_t workspace_head_rows(const Problem& problem) {
+  return (problem.q_seq + kWorkspaceRows - 1) / kWorkspaceRows * kWorkspaceRows;
+}
+
+int bucket_of(int64_t dim) { return dim <= 64 ? 64 : 128; }
+
+// This stage's own kernels take D a multiple of 8 up to 128; stage 11 takes the rest.
+bool own_kernels_take(const Problem& problem) { return problem.dim <= kMaxOwnDim && problem.dim % kAlignElements == 0; }
+
+// The workspace: dQ's FP32 sum, the LSE in log2 units, D, and the turn counters of the
+// deterministic mode (one per consumer part of each query tile).
+struct Workspace {
+  int64_t grad_q_floats;
+  int64_t row_floats;
+  int64_t turn_count;
+  int64_t bytes() const { return (grad_q_floats + 2 * row_floats + turn_count) * 4; }
+};
+
+Workspace workspace_layout(const Problem& problem) {
+  const int64_t rows = problem.q_heads_total() * workspace_head_rows(problem);
+  return {rows * bucket_of(problem.dim), rows, rows / kMmaRows * kConsumers};
+}
+
+template <typename Element>
+StageDescriptor fallback_stage() {
+  return std::is_same_v<Element, __half> ? backward_fp16() : backward_bf16();
+}
+
+int64_t workspace_bytes(const Problem& problem, Pass pass) {
+  if (pass != Pass::backward) return overlap_fp16().workspace_bytes(problem, pass);  // stage 10's forward
+  const int64_t fallback = backward_fp16().workspace_bytes(problem, pass);
+  return own_kernels_take(problem) ? std::max(workspace_layout(problem).bytes(), fallback) : fallback;
+}
+
+template <typename Element, int kDim, bool kDeterministic>
+Status launch(const BackwardArgs& args) {
+  using T = Tiling<kDim>;
+  const Problem& problem = args.problem;
+  constexpr bool kBf16 = std::is_same_v<Element, __nv_bfloat16>;
+  const Workspace layout = workspace_layout(problem);
+  float* grad_q_sum = static_cast<float*>(args.workspace);
+  float* lse_log2 = grad_q_sum + layout.grad_q_floats;
+  float* row_delta = lse_log2 + layout.row_floats;
+  int* turns = reinterpret_cast<int*>(row_delta + layout.row_floats);
+  const int head_rows = static_cast<int>(workspace_head_rows(problem));
+
+  CUtensorMap query_map{};
+  CUtensorMap grad_out_map{};
+  CUtensorMap key_map{};
+  CUtensorMap value_map{};
+  FA_STATUS_TRY(kernel::encode_matrix_stack(query_map, kBf16, args.q, problem.dim, problem.q_seq,
+                                            problem.q_heads_total(), kPanelColumns, T::kQueries));
+  FA_STATUS_TRY(kernel::encode_matrix_stack(grad_out_map, kBf16, args.grad_o, problem.dim, problem.q_seq,
+                                            problem.q_heads_total(), kPanelColumns, T::kQueries));
+  FA_STATUS_TRY(kernel::encode_matrix_stack(key_map, kBf16, args.k, problem.dim, problem.kv_seq,
+                                            problem.kv_heads_total(), kPanelColumns, kKeys));
+  FA_STATUS_TRY(kernel::encode_matrix_stack(value_map, kBf16, args.v, problem.dim, problem.kv_seq,
+                                            problem.kv_heads_total(), kPanelColumns, kKeys));
+
+  // 1. D_i = rowsum(dO ∘ O) and the LSE in log2 units; dQ's sum (and the turns) cleared.
+  constexpr int kRowsPerBlock = 8;
+  const int64_t workspace_rows = layout.row_floats;
+  row_prepare_kernel<Element><<<static_cast<unsigned>((workspace_rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                                kRowsPerBlock * kWarpSize, 0, args.stream>>>(
+      static_cast<const Element*>(args.o), static_cast<const Element*>(args.grad_o), args.lse, lse_log2, row_delta,
+      workspace_rows, static_cast<int>(problem.q_seq), head_rows, static_cast<int>(problem.dim));
+  FA_LAUNCH_TRY();
+  FA_CUDA_TRY(cudaMemsetAsync(grad_q_sum, 0, static_cast<std::size_t>(layout.grad_q_floats) * 4, args.stream));
+  if constexpr (kDeterministic) {
+    FA_CUDA_TRY(cudaMemsetAsync(turns, 0, static_cast<std::size_t>(layout.turn_count) * 4, args.stream));
+  }
+
+  // 2. One block per (key tile, K/V head): dK, dV, and dQ's shares.
+  const auto kernel = &backward_kernel<Element, kDim, kDeterministic>;
+  FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
+  const int64_t key_tiles = (problem.kv_seq + kKeys - 1) / kKeys;
+  const int64_t blocks = key_tiles * problem.kv_heads_total();
+  FA_STATUS_TRY(check_grid(blocks));
+  const float scale = softmax_scale(problem);
+  kernel<<<static_cast<unsigned>(blocks), kThreads, T::kSharedBytes, args.stream>>>(
+      query_map, grad_out_map, key_map, value_map, lse_log2, row_delta, grad_q_sum, turns,
+      static_cast<Element*>(args.grad_k), static_cast<Element*>(args.grad_v), static_cast<int>(problem.q_seq),
+      static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim), head_rows, static_cast<int>(key_tiles),
+      static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads), static_cast<int>(problem.kv_heads_total()),
+      problem.causal, scale, scale * kernel::kLog2e);
+  FA_LAUNCH_TRY();
+
+  // 3. dQ = scale · the sum, rounded to the element type.
+  const int64_t rows = problem.q_rows();
+  scale_grad_query_kernel<Element, kDim>
+      <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kRowsPerBlock * kWarpSize, 0,
+         args.stream>>>(grad_q_sum, static_cast<Element*>(args.grad_q), rows, static_cast<int>(problem.q_seq),
+                        head_rows, static_cast<int>(problem.dim), scale);
+  FA_LAUNCH_TRY();
+  return Status();
+}
+
+// FA_DETERMINISTIC=1 in the environment: dQ's additions in key order (README: what it costs).
+bool deterministic_grad_query() {
+  const char* value = std::getenv("FA_DETERMINISTIC");
+  return value != nullptr && std::string_view(value) == "1";
+}
+
+// The runner has checked the problem and the GPU (exactly sm_90) against the descriptor.
+template <typename Element>
+Status backward(const BackwardArgs& args) {
+  if (args.q == nullptr || args.k == nullptr || args.v == nullptr || args.o == nullptr || args.grad_o == nullptr ||
+      args.lse == nullptr || args.grad_q == nullptr || args.grad_k == nullptr || args.grad_v == nullptr ||
+      args.workspace == nullptr) {
+    return Status::unsupported("the backward pass needs Q, K, V, O, dO, LSE, dQ, dK, dV and its workspace");
+  }
+  // TMA reads rows of whole 16-byte chunks from 16-byte aligned tensors, and dK, dV are stored in
+  // pairs: anything else, and D > 128, is stage 11's.
+  if (!own_kernels_take(args.problem) ||
+      !all_aligned16({args.q, args.k, args.v, args.o, args.grad_o, args.grad_k, args.grad_v, args.workspace})) {
+    return fallback_stage<Element>().backward(args);
+  }
+  const bool deterministic = deterministic_grad_query();
+  const auto with_bucket = [&](auto bucket) {
+    constexpr int kDim = decltype(bucket)::value;
+    return deterministic ? launch<Element, kDim, true>(args) : launch<Element, kDim, false>(args);
+  };
+  return dispatch_head_dim<64, 128>(args.problem.dim, with_bucket);
+}
+
+StageDescriptor describe(Precision precision, ForwardFn forward_function, BackwardFn backward_function,
+                         const char* title) {
+  StageDescriptor stage;
+  stage.id = "13_wgmma_backward";
+  stage.title = title;
+  stage.backend = Backend::cuda;
+  stage.precision = precision;
+  stage.forward = forward_function;
+  stage.backward = backward_function;
+  stage.workspace_bytes = &workspace_bytes;
+  stage.max_dim = kMaxDim;
+  stage.architecture = {90, true};  // sm_90a: wgmma and setmaxnreg
+  stage.features = {/*causal=*/true, /*grouped=*/true, /*rectangular=*/true, /*lse=*/true, /*backward=*/true};
+  stage.source_hash = FA_SOURCE_HASH;
+  return stage;
+}
+
+}  // namespace
+
+StageDescriptor wgmma_backward_fp16() {
+  return describe(Precision::fp16, overlap_fp16().forward, &backward<__half>,
+                  "the backward pass on wgmma: TMA ring, dK and dV in accumulators, dQ by atomics (FP16, sm_90a)");
+}
+
+StageDescriptor wgmma_backward_bf16() {
+  return describe(Precision::bf16, overlap_bf16().forward, &backward<__nv_bfloat16>,
+                  "the backward pass on wgmma: TMA ring, dK and dV in accumulators, dQ by atomics (BF16, sm_90a)");
+}
+
+}  // namespace fa::stages

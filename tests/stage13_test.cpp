@@ -1,0 +1,281 @@
+// Stage 13: the backward pass on wgmma (FP16 and BF16, exactly sm_90a). Its forward pass is stage
+// 10's, so the shared contract runs on it too; the backward is compared with the double reference's
+// gradients (reference_backward) on every (batch, K/V head) group, with stage 11's per-element
+// tolerances from 16-bit rounding (metrics.hpp, gradient_tolerance_unit). The runner poisons dQ,
+// dK and dV with NaN first, so an unwritten element fails.
+//
+// Structural tests (tests/structural_tests.cmake, SOURCE stages/13_wgmma_backward/wgmma_backward.cu,
+// ARCH 90a): the PTX holds the five products as wgmma (both operands from shared memory for Sᵀ and
+// dPᵀ, A from registers for dV and dK, both transposed for dQ), the TMA ring, the bulk copies of the
+// LSE and D, setmaxnreg and dQ's 16-byte atomic adds; ptxas spills nothing. On a GPU that is not
+// sm_90 every GPU case here reports skipped (require_stage_runnable).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
+#include <vector>
+
+#include "catch_compat.hpp"
+#include "fa/device_buffer.hpp"
+#include "fa/inputs.hpp"
+#include "fa/problem.hpp"
+#include "fa/runner.hpp"
+#include "fa/stage.hpp"
+#include "fa/stages.hpp"
+#include "gpu_contract.hpp"
+
+FA_GPU_STAGE_CONTRACT("stage13", fa::stages::wgmma_backward_fp16, fa::stages::wgmma_backward_bf16)
+
+namespace {
+
+const std::initializer_list<fa::StageDescriptor (*)()> kStages = {fa::stages::wgmma_backward_fp16,
+                                                                  fa::stages::wgmma_backward_bf16};
+
+// The stage's forward then its backward through the runner, every group compared with the reference.
+void check_backward(const fa::StageDescriptor& stage, const fa::Inputs& inputs, uint64_t seed) {
+  fa::RunOptions options;
+  options.problem = inputs.problem;
+  options.pass = fa::Pass::backward;
+  options.seed = seed;
+  options.time = false;
+  options.check_kv_heads = inputs.problem.kv_heads_total();
+  const fa::RunOutcome outcome = fa::run_stage_on(stage, inputs, options);
+  INFO(stage.id << " (" << fa::precision_name(stage.precision) << ") " << fa::describe(inputs.problem)
+                << (inputs.problem.causal ? " causal" : "") << ": status " << outcome.row.status << ", "
+                << outcome.row.note << "; dQ " << outcome.grad_q_errors.summary() << "; dK "
+                << outcome.grad_k_errors.summary() << "; dV " << outcome.grad_v_errors.summary());
+  CHECK(outcome.exit_code == fa::kExitOk);
+  CHECK(outcome.checked);
+  CHECK(outcome.row.pass == "bwd");
+}
+
+void check_backward(const fa::StageDescriptor& stage, const fa::Problem& problem, uint64_t seed) {
+  check_backward(stage, fa::random_inputs(problem, seed), seed);
+}
+
+// GQA, MQA, Nq < Nk, Nq > Nk (blind causal rows), one query, one key; causal and not.
+std::vector<fa::Problem> general_problems(int64_t dim) {
+  std::vector<fa::Problem> problems;
+  for (const bool causal : {false, true}) {
+    for (const fa::Problem base : {fa::Problem{2, 8, 2, 70, 70, dim, false}, fa::Problem{1, 6, 1, 45, 45, dim, false},
+                                   fa::Problem{1, 2, 2, 37, 150, dim, false}, fa::Problem{2, 2, 1, 150, 37, dim, false},
+                                   fa::Problem{1, 4, 2, 1, 77, dim, false}, fa::Problem{3, 2, 2, 20, 1, dim, false},
+                                   fa::Problem{1, 4, 1, 300, 260, dim, false}}) {
+      fa::Problem problem = base;
+      problem.causal = causal;
+      problems.push_back(problem);
+    }
+  }
+  return problems;
+}
+
+struct DeterministicMode {
+  DeterministicMode() { ::setenv("FA_DETERMINISTIC", "1", 1); }
+  ~DeterministicMode() { ::unsetenv("FA_DETERMINISTIC"); }
+};
+
+// 16-bit copies of random numbers in [-1, 1) (FP16 or BF16), for direct calls of the stage.
+std::vector<uint16_t> random_elements(int64_t count, bool bf16, uint64_t seed) {
+  std::vector<uint16_t> values(static_cast<std::size_t>(count));
+  uint64_t state = seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (auto& value : values) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const float x = static_cast<float>(state >> 40) / static_cast<float>(1ull << 24) * 2.0f - 1.0f;
+    if (bf16) {
+      const __nv_bfloat16 element = __float2bfloat16(x);
+      value = *reinterpret_cast<const uint16_t*>(&element);
+    } else {
+      const __half element = __float2half(x);
+      value = *reinterpret_cast<const uint16_t*>(&element);
+    }
+  }
+  return values;
+}
+
+// dQ, dK and dV of two backward calls on the same inputs, byte for byte.
+std::vector<uint16_t> gradients_of_one_call(const fa::StageDescriptor& stage, const fa::Problem& problem,
+                                            const std::vector<fa::DeviceBuffer>& inputs, fa::DeviceBuffer& lse) {
+  const int64_t q_bytes = problem.q_elements() * 2;
+  const int64_t kv_bytes = problem.kv_elements() * 2;
+  fa::DeviceBuffer grad_q(static_cast<std::size_t>(q_bytes));
+  fa::DeviceBuffer grad_k(static_cast<std::size_t>(kv_bytes));
+  fa::DeviceBuffer grad_v(static_cast<std::size_t>(kv_bytes));
+  fa::DeviceBuffer workspace(static_cast<std::size_t>(fa::workspace_bytes(stage, problem, fa::Pass::backward)));
+  fa::BackwardArgs args;
+  args.problem = problem;
+  args.q = inputs[0].get();
+  args.k = inputs[1].get();
+  args.v = inputs[2].get();
+  args.o = inputs[3].get();
+  args.grad_o = inputs[4].get();
+  args.lse = lse.as<float>();
+  args.grad_q = grad_q.get();
+  args.grad_k = grad_k.get();
+  args.grad_v = grad_v.get();
+  args.workspace = workspace.get();
+  const fa::Status status = stage.backward(args);
+  INFO(status.reason());
+  REQUIRE(status.ok());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  std::vector<uint16_t> all = grad_q.to_vector<uint16_t>();
+  for (const fa::DeviceBuffer* buffer : {&grad_k, &grad_v}) {
+    const std::vector<uint16_t> part = buffer->to_vector<uint16_t>();
+    all.insert(all.end(), part.begin(), part.end());
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("stage13: describes what it takes") {
+  // Needs no device.
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
+    CHECK(stage.max_dim == 256);
+    CHECK(stage.architecture.compute_capability == 90);
+    CHECK(stage.architecture.exact);
+    CHECK(fa::architecture_name(stage) == "sm_90a");
+    CHECK(stage.features.backward);
+    CHECK(stage.features.lse);
+    CHECK(stage.features.causal);
+    CHECK(stage.features.grouped);
+    CHECK(stage.features.rectangular);
+    REQUIRE(stage.backward != nullptr);
+    // The workspace: dQ's FP32 sum (each query head's 100 rows rounded up to 128, in rows of the
+    // head-dim bucket), the LSE and D of those rows, and a turn counter per 64 rows and consumer;
+    // at least what stage 11 needs, which takes the shapes this stage hands over.
+    const fa::Problem problem = fa::Problem::square(2, 3, 100, 64);
+    const int64_t rows = problem.q_heads_total() * 128;
+    const int64_t own = 4 * (rows * 64 + 2 * rows + rows / 64 * 2);
+    const int64_t fallback = fa::workspace_bytes(fa::stages::backward_fp16(), problem, fa::Pass::backward);
+    CHECK(fa::workspace_bytes(stage, problem, fa::Pass::backward) == std::max(own, fallback));
+    const fa::Problem wide = fa::Problem::square(2, 3, 100, 200);
+    CHECK(fa::workspace_bytes(stage, wide, fa::Pass::backward) ==
+          fa::workspace_bytes(fa::stages::backward_fp16(), wide, fa::Pass::backward));
+    CHECK_FALSE(fa::unsupported_reason(stage, fa::Problem::square(1, 1, 64, 257), true, fa::Pass::backward).empty());
+    CHECK(fa::unsupported_reason(stage, fa::Problem{2, 8, 2, 70, 35, 100, true}, true, fa::Pass::backward).empty());
+  }
+}
+
+TEST_CASE("stage13: the wgmma backward matches the reference gradients in both buckets") {
+  // D 8 .. 64 take the 64 bucket (Br = 128), 72 .. 128 the 128 bucket (Br = 64); N = 1, 31, 64,
+  // 65, 130, 197, 300: less than a tile, whole tiles, several key and query tiles with partial ones.
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
+    fa::test::require_stage_runnable(stage);
+    uint64_t seed = 1300;
+    for (const int64_t seq : {1, 31, 64, 65, 130, 197, 300}) {
+      for (const int64_t dim : {8, 40, 64, 72, 96, 128})
+        check_backward(stage, fa::Problem::square(2, 2, seq, dim), seed++);
+    }
+  }
+}
+
+TEST_CASE("stage13: head dims it does not take go to stage 11 and match the reference") {
+  // D not a multiple of 8 (TMA cannot describe the rows), and D > 128.
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
+    fa::test::require_stage_runnable(stage);
+    uint64_t seed = 1350;
+    for (const int64_t seq : {1, 65, 197}) {
+      for (const int64_t dim : {1, 17, 100, 136, 256})
+        check_backward(stage, fa::Problem::square(2, 2, seq, dim), seed++);
+    }
+  }
+}
+
+TEST_CASE("stage13: the wgmma backward under the causal mask") {
+  // Diagonal tiles whole (64, 128, 256) or partial (65, 100, 129, 333); query tiles skipped above
+  // the diagonal; the launch order heaviest first.
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
+    fa::test::require_stage_runnable(stage);
+    uint64_t seed = 1400;
+    for (const int64_t seq : {1, 5, 63, 64, 65, 100, 128, 129, 256, 333}) {
+      for (const int64_t dim : {40, 64, 96, 128})
+        check_backward(stage, fa::Problem::square(2, 1, seq, dim, true), seed++);
+    }
+  }
+}
+
+TEST_CASE("stage13: the wgmma backward takes grouped-query heads and Nq != Nk") {
+  // dK and dV summed over a group's query heads in registers; the causal mask bottom-right, with
+  // rows that see no key.
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
+    fa::test::require_stage_runnable(stage);
+    uint64_t seed = 1500;
+    for (const int64_t dim : {64, 128, 48, 112}) {
+      for (const fa::Problem& problem : general_problems(dim)) check_backward(stage, problem, seed++);
+    }
+  }
+}
+
+TEST_CASE("stage13: the wgmma backward stays correct with logits of magnitude 1e3") {
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
+    fa::test::require_stage_runnable(stage);
+    for (const bool causal : {false, true}) {
+      check_backward(stage, fa::large_logit_inputs(fa::Problem::square(2, 1, 200, 64, causal), 1600), 1600);
+      check_backward(stage, fa::large_logit_inputs(fa::Problem::square(1, 2, 150, 128, causal), 1601), 1601);
+    }
+  }
+}
+
+TEST_CASE("stage13: with FA_DETERMINISTIC=1 dQ's additions go in key order and match the reference") {
+  const DeterministicMode deterministic;
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
+    fa::test::require_stage_runnable(stage);
+    uint64_t seed = 1700;
+    for (const int64_t dim : {64, 128, 96}) {
+      check_backward(stage, fa::Problem::square(2, 2, 300, dim), seed++);
+      check_backward(stage, fa::Problem::square(2, 1, 333, dim, true), seed++);
+      check_backward(stage, fa::Problem{2, 8, 2, 150, 270, dim, true}, seed++);
+    }
+  }
+}
+
+TEST_CASE("stage13: with FA_DETERMINISTIC=1 two calls give the same bits") {
+  // Many key tiles add to every dQ tile (Nk = 2048: 16 of them), where the atomics' order varies
+  // from run to run; in key order the sums are the same bits every time.
+  const DeterministicMode deterministic;
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
+    fa::test::require_stage_runnable(stage);
+    for (const bool causal : {false, true}) {
+      for (const int64_t dim : {64, 128}) {
+        const fa::Problem problem{2, 4, 2, 512, 2048, dim, causal};
+        const bool bf16 = stage.precision == fa::Precision::bf16;
+        std::vector<fa::DeviceBuffer> inputs;
+        uint64_t seed = 1800;
+        for (const int64_t count : {problem.q_elements(), problem.kv_elements(), problem.kv_elements(),
+                                    problem.q_elements(), problem.q_elements()}) {
+          inputs.push_back(fa::DeviceBuffer::from(random_elements(count, bf16, seed++)));
+        }
+        // O and dO are random too: the LSE comes from the stage's forward on Q, K, V.
+        fa::DeviceBuffer lse(static_cast<std::size_t>(problem.q_rows() * 4));
+        fa::DeviceBuffer out(static_cast<std::size_t>(problem.q_elements() * 2));
+        fa::DeviceBuffer forward_workspace(
+            static_cast<std::size_t>(fa::workspace_bytes(stage, problem, fa::Pass::forward)));
+        fa::ForwardArgs forward;
+        forward.problem = problem;
+        forward.q = inputs[0].get();
+        forward.k = inputs[1].get();
+        forward.v = inputs[2].get();
+        forward.o = out.get();
+        forward.lse = lse.as<float>();
+        forward.workspace = forward_workspace.get();
+        REQUIRE(stage.forward(forward).ok());
+        const std::vector<uint16_t> first = gradients_of_one_call(stage, problem, inputs, lse);
+        const std::vector<uint16_t> second = gradients_of_one_call(stage, problem, inputs, lse);
+        INFO(fa::describe(problem) << (causal ? " causal" : ""));
+        CHECK(first == second);
+      }
+    }
+  }
+}
