@@ -45,16 +45,17 @@ gpu_here() { [ "$(choose_preset)" = default ]; }
 
 rule() { printf '%s\n' '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!'; }
 
-# Prints a ctest log for a student: every test's result line, the messages of the first MAX
-# failing tests (the guard "your copy ran on a GPU" is not one: it only says the copy could not run
+# Prints a ctest log for a student: every test's result line, the first lines of the messages of
+# the first MAX failing tests (the guard "your copy ran on a GPU" is not one: it only says the copy could not run
 # here), and none of ctest's own summary, which the verdict replaces.
 show_test_lines() {
-  local log=$1 max=$2
-  awk -v max="$max" '
+  local log=$1 max=$2 where=$3
+  awk -v max="$max" -v where="$where" '
     /The following tests FAILED:|Errors while running CTest|tests passed, .* tests failed out of|^Total Test time/ { skip = 1 }
     skip { next }
     /^ *[0-9]+\/[0-9]+ Test +#/ {
       show = 0
+      shown = 0
       if ($0 ~ /ran on a GPU, not only compiled/) {
         sub(/\*\*\*Failed/, "not run here")
       } else if ($0 !~ /Passed|Skipped/) {
@@ -64,8 +65,11 @@ show_test_lines() {
       print
       next
     }
-    show { print }
-    END { if (failed > max) printf "(the messages of the other %d failing tests are in Testing/Temporary/LastTest.log)\n", failed - max }
+    show && /[^ ]/ {
+      if (++shown <= 24) print
+      else if (shown == 25) print "  ... (the rest of the messages of this test: " where "/Testing/Temporary/LastTest.log)"
+    }
+    END { if (failed > max) printf "(the messages of the other %d failing tests are in %s/Testing/Temporary/LastTest.log)\n", failed - max, where }
   ' "$log"
 }
 
@@ -77,11 +81,11 @@ exercise_verdict() {
   local number=${id:0:2}
   local log="$build/check-stage$number.log"
   local status=0
-  local ctest=(ctest -R "^stage$number:" --output-on-failure --test-output-size-failed 3000 -j "$(nproc)")
+  local ctest=(ctest -R "^stage$number:" --output-on-failure --test-output-size-failed 1500 -j "$(nproc)")
   if [ "$verbose" = 1 ]; then
     echo "Running stage $number's tests (the whole log: ${log#"$repo_root"/})"
     (cd "$build" && "${ctest[@]}") >"$log" 2>&1 || status=$?
-    show_test_lines "$log" 3
+    show_test_lines "$log" 3 "${build#"$repo_root"/}"
   else
     (cd "$build" && "${ctest[@]}") >"$log" 2>&1 || status=$?
   fi
@@ -102,8 +106,8 @@ exercise_verdict() {
     rule
     return 1
   elif [ "$failures" -gt 0 ] || { [ "$status" -ne 0 ] && [ "$not_run" -eq 0 ]; }; then
-    echo "FAILED: $failures of stage $number's $total tests fail with your copy of $id (their messages are above;"
-    echo "all of them in $where/Testing/Temporary/LastTest.log)."
+    echo "FAILED: $failures of stage $number's $total tests fail with your copy of $id (the first ones' messages"
+    echo "are above; all of them in $where/Testing/Temporary/LastTest.log)."
     [ "$skipped" -gt 0 ] && echo "(and $skipped GPU tests did not run: $why)"
     if [ "$id" = 11_backward ]; then
       echo "Where it first goes wrong: the first failing test above names the gradient (dQ, dK or dV), its largest"
@@ -153,7 +157,8 @@ check_your_copies() {
     echo "check_exercises: configuring failed (${build#"$repo_root"/}/configure.log)" >&2
     exit 1
   fi
-  if ! build_with_progress "$build"; then
+  # shellcheck disable=SC2046
+  if ! build_with_progress "$build" --target $(stage_targets "$build"); then
     echo
     rule
     echo "FAILED: your copy of ${ids[*]} does not compile (the compiler's messages are above)."
