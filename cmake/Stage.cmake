@@ -7,8 +7,9 @@
 #   fa_stage_<ID>   a library with the stage (linked by tests, the course and the C ABI)
 #   <ID>            the stage's executable (bin/<ID>), the shared command line of common/
 # and generates <fa_source_hash.h> with FA_SOURCE_HASH, the source_hash of design.md's results CSV
-# (scripts/source_hash.py: stages/<ID>, the stages it links and common/, comments and whitespace ignored), recomputed at
-# every build so a binary always reports the code it was built from.
+# (scripts/source_hash.py: the stage's include closure, the stages it links, its CMake flags, this
+# nvcc's version and the timing methods; comments and whitespace ignored), recomputed at every
+# build so a binary always reports the code it was built from.
 #
 # With FA_EXERCISE naming the stage (04, 04_online_softmax, or "all"), the stage is built from
 # the student copy in exercises/<ID>/ (made by scripts/make_exercise) instead of the solution.
@@ -27,6 +28,7 @@ function(fa_add_stage)
   add_custom_target(${library}_hash
     COMMAND ${Python3_EXECUTABLE} ${FA_SOURCE_HASH_SCRIPT} --root ${PROJECT_SOURCE_DIR}
             --header ${generated}/fa_source_hash.h --stage ${ARG_ID}
+            --nvcc-version ${CMAKE_CUDA_COMPILER_VERSION}
     BYPRODUCTS ${generated}/fa_source_hash.h
     COMMENT "Source hash of ${ARG_ID}")
 

@@ -25,7 +25,7 @@ if os.path.join(REPO, "python") not in sys.path:
     sys.path.insert(0, os.path.join(REPO, "python"))
 
 from fa_course import data as fa_dataset  # noqa: E402
-from fa_course import schema  # noqa: E402
+from fa_course.bench import schema  # noqa: E402
 
 DataError = fa_dataset.DataError
 PEERS = schema.PEERS
@@ -167,17 +167,20 @@ def source_hash(stage, root=REPO):
     return fa_dataset.current_hashes([stage], root).get(stage, "")
 
 
-def currency(results):
-    """Per stage: the hashes in the data and whether they match this working tree's code."""
-    stages = sorted(s for s in results.stage.unique() if s not in PEERS)
-    here = fa_dataset.current_hashes({fa_dataset.stage_folder(s) for s in stages})
+def currency(results, data_dir=None):
+    """Per stage and file: the hashes in the data, this working tree's, and how many rows are current
+    (this tree's code), restamped to it (data_dir's restamps.csv) or stale (fa_course.data stale)."""
+    restamps = fa_dataset.read_restamps(data_dir) if data_dir else []
+    ours = results[~results.stage.isin(PEERS)]
+    here = fa_dataset.current_hashes({fa_dataset.stage_folder(s) for s in ours.stage.unique()})
     rows = []
-    for stage in stages:
-        now = here.get(fa_dataset.stage_folder(stage), "")
-        hashes = sorted(h for h in results.loc[results.stage == stage, "source_hash"].unique() if h)
-        state = "no stage folder here" if not now else ("current" if hashes == [now] else
-                                                        "mixed" if now in hashes else "stale")
-        rows.append({"stage": stage, "hash in data": ", ".join(hashes), "hash of this tree": now, "rows": state})
+    for (stage, file), group in ours.groupby(["stage", "file"]):
+        hashes = [h if isinstance(h, str) else "" for h in group.source_hash]
+        states = [fa_dataset.row_state(file[:-len(".csv")], {"stage": stage, "source_hash": h}, here, restamps)
+                  for h in hashes]
+        rows.append({"stage": stage, "file": file, "hash in data": ", ".join(sorted(set(hashes) - {""})),
+                     "hash of this tree": here.get(fa_dataset.stage_folder(stage), "no stage folder here"),
+                     **{state: states.count(state) for state in ("current", "restamped", "stale")}})
     return pd.DataFrame(rows)
 
 

@@ -150,7 +150,7 @@ check_your_copies() {
   mkdir -p "$build"
   echo "Building your copy of ${ids[*]} in place of the solution (exercises/ -> ${build#"$repo_root"/}/)"
   # shellcheck disable=SC2046
-  if ! cmake -S "$repo_root" -B "$build" $(generator_args "$build") -DCMAKE_BUILD_TYPE=Release \
+  if ! cmake -S "$repo_root" -B "$build" $(generator_args "$build") $(fa_cmake_launchers "$build") -DCMAKE_BUILD_TYPE=Release \
     -DFA_EXERCISE="$only" -DFA_ONLY_STAGES="$only" -DFA_EXERCISE_DIR="$exercise_dir" \
     "${architectures[@]}" "${fa_cmake_args[@]}" >"$build/configure.log" 2>&1; then
     tail -n 30 "$build/configure.log" >&2
@@ -201,7 +201,7 @@ check_mechanism() {
   gpu_here || architectures=("${no_gpu_architectures[@]}")
   mkdir -p "$build"
   # shellcheck disable=SC2046,SC2086
-  cmake -S "$repo_root" -B "$build" $(generator_args "$build") -DCMAKE_BUILD_TYPE=Release -DFA_EXERCISE=all \
+  cmake -S "$repo_root" -B "$build" $(generator_args "$build") $(fa_cmake_launchers "$build") -DCMAKE_BUILD_TYPE=Release -DFA_EXERCISE=all \
     -DFA_ONLY_STAGES= -DFA_EXERCISE_DIR="$copies" "${architectures[@]}" "${fa_cmake_args[@]}" ${FA_CMAKE_ARGS:-} \
     >"$build/configure.log" 2>&1 ||
     { tail -n 30 "$build/configure.log"; echo "check_exercises: configuring the student copies failed" >&2; exit 1; }

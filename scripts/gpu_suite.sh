@@ -47,8 +47,9 @@ export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"  # python3 -m fa_cou
 note() { echo "$*" | tee -a "$summary"; }
 # FA_STAGES="06_wmma 07_fp16_pipelined" restricts the GPU phases to those stages (and the bench
 # phase runs 01_cpu only when FA_STAGES is empty or names it).
+# Stage 15 is left out: it runs on several GPUs (--gpus P), and scripts/ring_gpus.sh runs it.
 gpu_stages() {
-  ls "$repo/stages" | grep -E '^(0[2-9]|[1-9][0-9])_' | while read -r s; do
+  ls "$repo/stages" | grep -E '^(0[2-9]|[1-9][0-9])_' | grep -v '^15_ring$' | while read -r s; do
     [ -x "$bin/$s" ] && { [ -z "${FA_STAGES:-}" ] || [[ " $FA_STAGES " == *" $s "* ]]; } && echo "$s"
   done
 }
@@ -60,14 +61,18 @@ cpu_stage() {
 gpu_name() { nvidia-smi --query-gpu=name --format=csv,noheader | head -n1; }
 
 # What a reader of the data needs: when, which GPU, driver and CUDA, and the source hashes of the
-# tree (scripts/source_hash.py; a row is current when its source_hash equals its stage's here).
+# tree and the commit (scripts/source_hash.py; a row is current when its source_hash equals its
+# stage's here or a restamp in restamps.csv leads to it; scripts/restamp builds the commit named here).
 write_env() {
   {
     echo "date: $(date -u +%FT%TZ)"
     echo "gpu: $(gpu_name)"
     echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1)"
     echo "cuda: $(nvcc --version | sed -n 's/.*release \([0-9.]*\), V\([0-9.]*\).*/\1 (nvcc \2)/p')"
+    echo "commit: $(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$repo" diff --quiet HEAD -- 2>/dev/null || echo ' (with local changes)')"
     echo "tree source_hash: $(python3 "$repo/scripts/source_hash.py" --tree)"
+    echo "method cpp: $(python3 "$repo/scripts/source_hash.py" --method cpp)"
+    echo "method torch: $(python3 "$repo/scripts/source_hash.py" --method torch)"
     python3 "$repo/scripts/source_hash.py" --all | sed 's/^\([^ ]*\) /source_hash \1: /'
   } >"$out/data/env.txt"
 }

@@ -1,32 +1,55 @@
 #!/usr/bin/env python3
 """design.md's source_hash: which code produced a results row, blind to comments and whitespace.
 
-  scripts/source_hash.py 04_online_softmax        # hash of stages/04_online_softmax + common/
-  scripts/source_hash.py 12_split_kv              # stages/12_split_kv + the stages it links (08) + common/
+  scripts/source_hash.py 04_online_softmax        # the hash a row of 04_online_softmax carries
+  scripts/source_hash.py --all                    # 'STAGE HASH' for every stage folder
+  scripts/source_hash.py --files 12_split_kv      # the files that hash covers
+  scripts/source_hash.py --method torch           # the method hash of the torch kinds
   scripts/source_hash.py --tree                   # hash of stages/ + common/ (env.txt records it)
-  scripts/source_hash.py --header OUT --stage 04_online_softmax
+  scripts/source_hash.py --header OUT --stage 04_online_softmax [--nvcc-version 13.0.88]
                                                   # writes OUT = #define FA_SOURCE_HASH "..." (CMake)
   scripts/source_hash.py --normalized FILE        # the text that is hashed for FILE (debugging)
+  scripts/source_hash.py --check-build BUILD      # every file the compiler read for a stage is in its hash
   --root DIR                                      # another tree than this script's repository
 
-Files: *.cu *.cuh *.cpp *.hpp *.h CMakeLists.txt *.cmake *.in under those folders, in byte order of
-their path relative to the root. Each is normalized: C/C++ comments (// to the end of the line,
-/* ... */) are dropped by a small tokenizer that knows string, character and raw string literals,
-CMake files (CMakeLists.txt, *.cmake, *.cmake.in) lose their # and #[[ ]] comments outside quoted
-and bracket arguments, then every whitespace character outside literals is removed (a string's
-text is code: "a b" and "ab" stay different). The hash is the first 16 hex digits of the sha256
-over "path NUL normalized-content NUL" for every file. So a corrected comment or a reindented
-block keeps the hash, and data measured before it stay current; any changed token changes it.
+A stage's hash covers what decides its rows, and nothing else:
+  - its code: the .cu/.cpp files of stages/<stage> and of the stages it links
+    (target_link_libraries(... fa_stage_<ID>)), and everything they include from the tree,
+    transitively (every #include "..."/<...> that resolves to a file of the stage folders or of
+    common/include, whatever #if surrounds it: a superset of what the compiler reads); for each
+    common/include/fa/X header in that closure, common/src/X.cpp and its own closure;
+  - the CMake files and presets that set its flags (FLAG_FILES, the stages' CMakeLists.txt);
+  - the nvcc version (--nvcc-version, else `nvcc --version` of $CUDACXX, PATH or /usr/local/cuda);
+  - the method hashes of the code that times and checks (METHODS): "cpp" (the C++ runner, timing,
+    metrics, inputs, reference, report: results.csv, memory.csv) and "torch" (the torch runner and
+    its GPU timing: torch.csv, torch_graph.csv). A changed method changes every stage's hash; a
+    restamp (scripts/restamp) carries a kind's rows over only when that kind's method is unchanged.
+So renaming a local in common/src/cli.cpp changes no stage's hash, while a changed flag, nvcc or
+timing method does. A change that leaves the machine code identical is carried over by
+scripts/restamp (plots/data/<gpu>/restamps.csv), proved on the compiled objects.
 
-Python 3 standard library only: CMake, the GPU suite, python/fa_course/data.py and the notebooks
-all call this one file.
+Each file is normalized: C/C++/CUDA lose comments (// to the end of the line, /* ... */; a small
+tokenizer knows string, character and raw string literals), CMake files (CMakeLists.txt, *.cmake,
+*.cmake.in) their # and #[[ ]] comments outside quoted and bracket arguments, then every
+whitespace character outside literals is dropped (a string's text is code: "a b" and "ab" stay
+different); Python files (methods) are compared as tokens without comments and docstrings. The
+hash is the first 16 hex digits of a sha256 over "path NUL normalized-content NUL" per file in
+byte order of path, then the nvcc version and the method hashes (a method hash covers its files'
+contents in METHODS order, not their paths: moving a file keeps it).
+
+Python 3 standard library only: CMake, the GPU suite, python/fa_course/data.py, scripts/restamp
+and the notebooks all call this one file.
 """
 
 import argparse
 import hashlib
+import io
 import os
 import re
+import shutil
+import subprocess
 import sys
+import tokenize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUFFIXES = (".cu", ".cuh", ".cpp", ".hpp", ".h", ".cmake", ".in")
@@ -177,12 +200,42 @@ def normalize_cmake(text, keep_whitespace=False):
     return "".join(out)
 
 
+def normalize_python(text):
+    """Python as its tokens, without comments, blank lines and docstrings (a string that is a whole
+    statement); indentation is kept as INDENT/DEDENT."""
+    out = []
+    previous = tokenize.NEWLINE
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    for index, token in enumerate(tokens):
+        kind = token.type
+        if kind in (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER):
+            continue
+        following = tokens[index + 1].type if index + 1 < len(tokens) else tokenize.ENDMARKER
+        if (kind == tokenize.STRING and previous in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+                and following in (tokenize.NEWLINE, tokenize.ENDMARKER)):
+            continue  # a docstring
+        if kind == tokenize.NEWLINE and previous in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+            continue  # the end of a dropped docstring's line
+        out.append(tokenize.tok_name[kind] if kind in (tokenize.INDENT, tokenize.DEDENT, tokenize.NEWLINE)
+                   else token.string)
+        previous = kind
+    return " ".join(out)
+
+
 def normalize(path, text):
+    if path.endswith(".py"):
+        return normalize_python(text)
     return normalize_cmake(text) if is_cmake(path) else normalize_c(text)
 
 
+def read_text(path):
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as handle:
+        return handle.read()
+
+
 def source_files(root, folders):
-    """The hashed files under `folders` (relative to root), as sorted relative paths with /."""
+    """The files under `folders` (relative to root) with a C/C++/CUDA/CMake suffix, as sorted
+    relative paths with / (what --tree hashes)."""
     paths = []
     for folder in folders:
         top = os.path.join(root, folder)
@@ -197,18 +250,38 @@ def source_files(root, folders):
     return sorted(set(paths), key=lambda p: p.encode())
 
 
-def hash_folders(root, folders):
+def hash_files(root, paths, extra=()):
+    """sha256 over "path NUL normalized NUL" per file (byte order of path), then the `extra` strings."""
     digest = hashlib.sha256()
-    for path in source_files(root, folders):
-        with open(os.path.join(root, path), encoding="utf-8", errors="surrogateescape", newline="") as handle:
-            text = handle.read()
+    for path in sorted(set(paths), key=lambda p: p.encode()):
         digest.update(path.encode() + b"\0")
-        digest.update(normalize(path, text).encode("utf-8", errors="surrogateescape") + b"\0")
+        digest.update(normalize(path, read_text(os.path.join(root, path))).encode("utf-8", errors="surrogateescape") + b"\0")
+    for value in extra:
+        digest.update(value.encode() + b"\0")
     return digest.hexdigest()[:LENGTH]
 
 
+def hash_folders(root, folders):
+    return hash_files(root, source_files(root, folders))
+
+
+# ---- what a stage's rows depend on ----
+
 LINK_CALL = re.compile(r"target_link_libraries\s*\(([^)]*)\)")
 STAGE_LIBRARY = re.compile(r"^fa_stage_([0-9][0-9]_\w+)$")
+INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.MULTILINE)
+# The CMake files and presets that set a stage's flags (besides the stages' own CMakeLists.txt).
+FLAG_FILES = ("CMakeLists.txt", "CMakePresets.json", "cmake/CudaArchitectures.cmake", "cmake/Warnings.cmake",
+              "cmake/Stage.cmake", "cmake/stage_main.cpp.in", "common/CMakeLists.txt", "stages/CMakeLists.txt")
+# Headers the build generates, by the file they are made from (fa_source_hash.h is the hash itself).
+GENERATED = {"fa/stages.hpp": "stages/stages.hpp.in", "fa_source_hash.h": None}
+# The code that times and checks, per method, found by file name (a moved file stays found); the
+# kinds (data files) whose rows each method produces.
+METHODS = {
+    "cpp": ("common", ("runner.cpp", "timing.cpp", "metrics.cpp", "inputs.cpp", "reference.cpp", "report.cpp")),
+    "torch": ("python", ("torch_runner.py", "torch_gpu.py")),
+}
+METHOD_OF_KIND = {"results": "cpp", "memory": "cpp", "torch": "torch", "torch_graph": "torch"}
 
 
 def stage_dependencies(stage, root=ROOT):
@@ -223,8 +296,7 @@ def stage_dependencies(stage, root=ROOT):
         path = os.path.join(root, "stages", current, "CMakeLists.txt")
         if not os.path.isfile(path):
             continue
-        with open(path, encoding="utf-8") as handle:
-            text = normalize_cmake(handle.read(), keep_whitespace=True)
+        text = normalize_cmake(read_text(path), keep_whitespace=True)
         for call in LINK_CALL.finditer(text):
             for token in call.group(1).split():
                 match = STAGE_LIBRARY.match(token)
@@ -236,13 +308,143 @@ def stage_dependencies(stage, root=ROOT):
     return sorted(found)
 
 
-def stage_hash(stage, root=ROOT):
-    """The source_hash of stages/<stage>, the stages it links (stage_dependencies) and common/: the
-    hash a stage's results rows carry."""
+def _relative(root, path):
+    return os.path.relpath(path, root).replace(os.sep, "/")
+
+
+def include_closure(root, sources, include_dirs):
+    """The files of the tree that `sources` (relative paths) include, transitively, with them: each
+    #include resolved as the compiler does (a "..." include first beside its file, then the include
+    directories), whatever preprocessor condition surrounds it. Includes that resolve to no file
+    here are the toolkit's and the system's (the nvcc version stands for them)."""
+    seen, pending = set(), list(sources)
+    while pending:
+        path = pending.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        text = read_text(os.path.join(root, path))
+        for quote, name in INCLUDE.findall(_without_comments(text)):
+            if name in GENERATED:
+                if GENERATED[name]:
+                    pending.append(GENERATED[name])
+                continue
+            candidates = ([os.path.dirname(path)] if quote == '"' else []) + list(include_dirs)
+            for directory in candidates:
+                full = os.path.normpath(os.path.join(root, directory, name))
+                if os.path.isfile(full):
+                    pending.append(_relative(root, full))
+                    break
+    return seen
+
+
+def _without_comments(text):
+    """C source with its comments blanked (an #include in a comment includes nothing); lines kept."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        if text.startswith("//", i):
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            out.append("\n" * text.count("\n", i, end))
+            i = end
+        elif text[i] == '"':
+            end = _skip_quoted(text, i, '"')
+            out.append(text[i:end])
+            i = end
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def stage_files(stage, root=ROOT):
+    """The files a stage's hash covers (relative paths, sorted): see the module's docstring."""
     if not stage or "/" in stage or stage.startswith("."):
         raise ValueError(f"source_hash: {stage!r} is not a stage folder name (e.g. 04_online_softmax)")
-    folders = [f"stages/{stage}"] + [f"stages/{dependency}" for dependency in stage_dependencies(stage, root)]
-    return hash_folders(root, folders + ["common"])
+    if not os.path.isdir(os.path.join(root, "stages", stage)):
+        raise FileNotFoundError(f"source_hash: {os.path.join(root, 'stages', stage)} is not a folder")
+    folders = [f"stages/{s}" for s in [stage] + stage_dependencies(stage, root)]
+    sources = []
+    for folder in folders:
+        for name in sorted(os.listdir(os.path.join(root, folder))):
+            if name.endswith((".cu", ".cpp")):
+                sources.append(f"{folder}/{name}")
+    include_dirs = folders + ["common/include"]
+    closure = include_closure(root, sources, include_dirs)
+    # The common/src file that implements each header of common/include the stage's code includes.
+    implementations = []
+    for path in sorted(closure):
+        if path.startswith("common/include/fa/"):
+            base = os.path.splitext(os.path.basename(path))[0]
+            candidate = f"common/src/{base}.cpp"
+            if os.path.isfile(os.path.join(root, candidate)):
+                implementations.append(candidate)
+    closure |= include_closure(root, implementations, ["common/include"])
+    flags = [f"{folder}/CMakeLists.txt" for folder in folders] + list(FLAG_FILES)
+    closure |= {f for f in flags if os.path.isfile(os.path.join(root, f))}
+    return sorted(closure, key=lambda p: p.encode())
+
+
+def method_files(method, root=ROOT):
+    """The files of a method (METHODS), in METHODS order: each found by name under its folder."""
+    folder, names = METHODS[method]
+    found = {}
+    for directory, subdirs, files in os.walk(os.path.join(root, folder)):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith((".", "__")))
+        for name in files:
+            if name in names and name not in found:
+                found[name] = _relative(root, os.path.join(directory, name))
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise FileNotFoundError(f"source_hash: method {method}: no {', '.join(missing)} under {folder}/ "
+                                f"(update METHODS in scripts/source_hash.py if it moved out)")
+    return [found[n] for n in names]
+
+
+def method_hash(method, root=ROOT):
+    """The hash of a method's files' normalized contents (not their paths) and, for the C++ method,
+    the headers of common/include they include."""
+    files = method_files(method, root)
+    if method == "cpp":
+        headers = include_closure(root, files, ["common/include"]) - set(files)
+        files = files + sorted(headers, key=lambda p: p.encode())
+    digest = hashlib.sha256(f"method {method}\0".encode())
+    for path in files:
+        digest.update(normalize(path, read_text(os.path.join(root, path))).encode("utf-8", errors="surrogateescape") + b"\0")
+    return digest.hexdigest()[:LENGTH]
+
+
+NVCC_RELEASE = re.compile(r"\bV(\d+\.\d+\.\d+)\b")
+
+
+def nvcc_version(explicit=None):
+    """The version of the nvcc that builds the stages, as CMake writes it (13.0.88): `explicit`,
+    else $FA_NVCC_VERSION, else `nvcc --version` of $CUDACXX, PATH or /usr/local/cuda/bin."""
+    if explicit:
+        return explicit
+    if os.environ.get("FA_NVCC_VERSION"):
+        return os.environ["FA_NVCC_VERSION"]
+    for candidate in (os.environ.get("CUDACXX"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if candidate and os.path.isfile(candidate):
+            try:
+                text = subprocess.run([candidate, "--version"], capture_output=True, text=True, check=True).stdout
+            except (OSError, subprocess.CalledProcessError):
+                continue
+            match = NVCC_RELEASE.search(text)
+            if match:
+                return match.group(1)
+    raise FileNotFoundError("source_hash: no nvcc found ($CUDACXX, PATH, /usr/local/cuda/bin): a stage's hash "
+                            "includes the nvcc version; give it with --nvcc-version or FA_NVCC_VERSION")
+
+
+def stage_hash(stage, root=ROOT, nvcc=None):
+    """The source_hash a stage's rows carry: its files (stage_files), the nvcc version and the
+    method hashes (module docstring)."""
+    extra = ["nvcc " + nvcc_version(nvcc)] + [f"method {m} {method_hash(m, root)}" for m in sorted(METHODS)]
+    return hash_files(root, stage_files(stage, root), ["source_hash v2"] + extra)
 
 
 def tree_hash(root=ROOT):
@@ -257,11 +459,55 @@ def stages(root=ROOT):
                   os.path.isdir(os.path.join(folder, s)))
 
 
-def write_header(output, stage, root=ROOT):
+def compiler_dependencies(build):
+    """{object (relative to the build folder): [the files it was compiled from, absolute]} as the
+    compiler reported them: Ninja's log of the depfiles (ninja -t deps), else the *.d files a
+    Makefile build keeps."""
+    found = {}
+    if os.path.exists(os.path.join(build, "build.ninja")):
+        text = subprocess.run(["ninja", "-C", build, "-t", "deps"], capture_output=True, text=True, check=True).stdout
+        current = None
+        for line in text.splitlines():
+            if line and not line[0].isspace() and ": #deps" in line:
+                current = line.split(": #deps")[0]
+                found[current] = []
+            elif line.strip() and current:
+                found[current].append(os.path.normpath(os.path.join(build, line.strip())))
+    else:
+        for directory, _, names in os.walk(build):
+            for name in (n for n in names if n.endswith(".d")):
+                with open(os.path.join(directory, name)) as handle:
+                    body = handle.read().replace("\\\n", " ")
+                target, _, files = body.partition(": ")
+                found[os.path.relpath(os.path.join(directory, name[:-2]), build)] = [
+                    os.path.normpath(os.path.join(build, f)) for f in files.split()]
+    return found
+
+
+def check_dependencies(build, root=ROOT):
+    """The files the compiler read for each stage's objects (stages/<stage>/ of the build) that its
+    hash does not cover: [] when stage_files() holds every file of the tree the compiler read."""
+    missing = []
+    dependencies = compiler_dependencies(build)
+    if not dependencies:
+        raise FileNotFoundError(f"source_hash: no compiler dependency information in {build} (build it first)")
+    for stage in stages(root):
+        covered = set(stage_files(stage, root))
+        for target, files in sorted(dependencies.items()):
+            if not target.replace(os.sep, "/").startswith(f"stages/{stage}/"):
+                continue
+            for path in files:
+                relative = os.path.relpath(path, root).replace(os.sep, "/")
+                if relative.startswith(("stages/", "common/")) and relative not in covered:
+                    missing.append(f"{stage}: {target} was compiled from {relative}")
+    return missing
+
+
+def write_header(output, stage, root=ROOT, nvcc=None):
     """Writes the C header with FA_SOURCE_HASH, only when its text changed (nothing rebuilds
     needlessly). Returns the hash."""
-    value = stage_hash(stage, root)
-    content = ("// Generated by scripts/source_hash.py: the source_hash of stages/%s, the stages it links and common/.\n"
+    value = stage_hash(stage, root, nvcc)
+    content = ("// Generated by scripts/source_hash.py: the source_hash of stages/%s (its code, flags, nvcc, methods).\n"
                "#pragma once\n#define FA_SOURCE_HASH \"%s\"\n" % (stage, value))
     try:
         with open(output) as handle:
@@ -284,28 +530,44 @@ def main(argv=None):
     parser.add_argument("--header", metavar="OUT", help="write the C header FA_SOURCE_HASH to OUT (needs --stage)")
     parser.add_argument("--stage", help="the stage of --header")
     parser.add_argument("--all", action="store_true", help="print 'STAGE HASH' for every stage folder")
+    parser.add_argument("--files", action="store_true", help="print the files STAGE's hash covers")
+    parser.add_argument("--method", choices=sorted(METHODS), help="print a method's hash (--files: its files)")
+    parser.add_argument("--nvcc-version", help="the nvcc version (default: ask nvcc)")
     parser.add_argument("--normalized", metavar="FILE", help="print FILE as it is hashed")
+    parser.add_argument("--check-build", metavar="BUILD", help="fail unless every file of the tree the compiler "
+                        "read for a stage's objects in BUILD is in the stage's hash")
     parser.add_argument("--root", default=ROOT, help="the repository root (default: %(default)s)")
     args = parser.parse_args(argv)
     root = os.path.abspath(args.root)
+    stage = args.stage or args.stage_arg
     try:
         if args.normalized:
-            with open(args.normalized, encoding="utf-8", errors="surrogateescape", newline="") as handle:
-                print(normalize(args.normalized, handle.read()))
+            print(normalize(args.normalized, read_text(args.normalized)))
+        elif args.check_build:
+            missing = check_dependencies(os.path.abspath(args.check_build), root)
+            for line in missing:
+                print(f"not in the stage's hash: {line}")
+            if missing:
+                return 1
+            print(f"every file the compiler read for the stages' objects in {args.check_build} is in their hashes")
         elif args.header:
-            stage = args.stage or args.stage_arg
             if not stage:
                 parser.error("--header needs --stage STAGE")
-            write_header(args.header, stage, root)
+            write_header(args.header, stage, root, args.nvcc_version)
         elif args.tree:
             print(tree_hash(root))
+        elif args.method:
+            print("\n".join(method_files(args.method, root)) if args.files else method_hash(args.method, root))
         elif args.all:
-            for stage in stages(root):
-                print(stage, stage_hash(stage, root))
-        elif args.stage_arg or args.stage:
-            print(stage_hash(args.stage_arg or args.stage, root))
+            for name in stages(root):
+                print(name, stage_hash(name, root, args.nvcc_version))
+        elif stage and args.files:
+            print("\n".join(stage_files(stage, root)))
+        elif stage:
+            print(stage_hash(stage, root, args.nvcc_version))
         else:
-            parser.error("give a STAGE, --tree, --all, --header OUT --stage STAGE or --normalized FILE")
+            parser.error("give a STAGE, --all, --files STAGE, --method M, --tree, --header OUT --stage STAGE "
+                         "or --normalized FILE")
     except (OSError, ValueError) as error:
         print(error, file=sys.stderr)
         return 1

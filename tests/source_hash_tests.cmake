@@ -14,6 +14,20 @@ if(NOT CMAKE_SCRIPT_MODE_FILE)
     COMMAND ${Python3_EXECUTABLE} -m fa_course.data check --all ${PROJECT_SOURCE_DIR}/plots/data)
   set_tests_properties("common: every data folder under plots/data has one file per kind and no duplicate key"
     PROPERTIES ENVIRONMENT "PYTHONPATH=${PROJECT_SOURCE_DIR}/python;PYTHONDONTWRITEBYTECODE=1")
+  # The include closure source_hash.py computes holds every file the compiler read for a stage
+  # (Ninja's record of the compiler's dependency files): run after the build, as ctest is.
+  add_test(NAME "common: source_hash covers every file the compiler read for each stage"
+    COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/scripts/source_hash.py --check-build ${CMAKE_BINARY_DIR})
+  # scripts/restamp (tests/restamp): the machine-code comparison on tiny kernels, the chain of
+  # restamps, the method hashes.
+  set(restamp_python ${Python3_EXECUTABLE})
+  if(EXISTS "${PROJECT_SOURCE_DIR}/.venv/bin/python")
+    set(restamp_python "${PROJECT_SOURCE_DIR}/.venv/bin/python")  # pip's cuobjdump, when the toolkit has none
+  endif()
+  add_test(NAME "restamp: machine code compared, restamps chained, methods hashed"
+    COMMAND ${restamp_python} -m unittest discover -s ${PROJECT_SOURCE_DIR}/tests/restamp -t ${PROJECT_SOURCE_DIR}/tests/restamp)
+  set_tests_properties("restamp: machine code compared, restamps chained, methods hashed"
+    PROPERTIES ENVIRONMENT "PYTHONPATH=${PROJECT_SOURCE_DIR}/python;PYTHONDONTWRITEBYTECODE=1;CUDACXX=${CMAKE_CUDA_COMPILER}")
   return()
 endif()
 
@@ -28,6 +42,15 @@ file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${tree}/stages)
 file(COPY ${ROOT}/stages/${STAGE} DESTINATION ${tree}/stages)
 file(COPY ${ROOT}/common DESTINATION ${tree})
+foreach(flag_file CMakeLists.txt CMakePresets.json cmake/CudaArchitectures.cmake cmake/Warnings.cmake
+                  cmake/Stage.cmake cmake/stage_main.cpp.in stages/CMakeLists.txt stages/stages.hpp.in)
+  get_filename_component(folder ${tree}/${flag_file} DIRECTORY)
+  file(COPY ${ROOT}/${flag_file} DESTINATION ${folder})  # what sets the stage's flags (FLAG_FILES)
+endforeach()
+foreach(method_file torch_runner.py torch_gpu.py)  # the methods' files (scripts/source_hash.py METHODS)
+  file(GLOB_RECURSE found ${ROOT}/python/${method_file})
+  file(COPY ${found} DESTINATION ${tree}/python)
+endforeach()
 
 # hash(<out> <args...>): the script's output for the copy.
 function(hash out)
@@ -57,9 +80,10 @@ file(GLOB kernel_files ${tree}/stages/${STAGE}/*.cu ${tree}/stages/${STAGE}/*.cp
 list(SORT kernel_files)
 list(GET kernel_files 0 kernel)
 set(cmake_file ${tree}/stages/${STAGE}/CMakeLists.txt)
-file(GLOB headers ${tree}/common/include/fa/*.hpp)
-list(SORT headers)
-list(GET headers 0 header)
+# a header of the stage's include closure (every stage includes fa/stage.hpp), and one outside it
+set(header ${tree}/common/include/fa/stage.hpp)
+set(outside ${tree}/common/include/fa/kernel/wgmma.cuh)
+file(READ ${outside} original_outside)
 foreach(role kernel cmake_file header)
   file(READ ${${role}} original_${role})
 endforeach()
@@ -98,6 +122,21 @@ file(WRITE ${header} "${original_header}\n// a comment in common/\n")
 expect(same "a comment in ${header}")
 restore()
 expect(same "the copy put back")
+# A header the stage does not include: not the stage's code (the tree's hash still sees it).
+file(WRITE ${outside} "${original_outside}\nnamespace fa { int probe_outside; }\n")
+hash(stage_now ${STAGE})
+hash(tree_now --tree)
+if(NOT stage_now STREQUAL base OR tree_now STREQUAL base_tree)
+  message(SEND_ERROR "FAILED: a header outside ${STAGE}'s include closure: stage ${base} -> ${stage_now}, tree ${base_tree} -> ${tree_now}")
+else()
+  message(STATUS "ok: a header outside the stage's include closure leaves its hash")
+endif()
+file(WRITE ${outside} "${original_outside}")
+# Another nvcc is other code.
+hash(other_nvcc ${STAGE} --nvcc-version 99.0.0)
+if(other_nvcc STREQUAL base)
+  message(SEND_ERROR "FAILED: another nvcc version left the hash at ${base}")
+endif()
 
 # (b) What must change it.
 file(WRITE ${kernel} "${original_kernel}\nint fa_source_hash_probe;\n")

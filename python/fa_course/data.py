@@ -12,7 +12,9 @@ A data folder holds one file per kind:
                    in a file of its own, so a graph-timed row never replaces a plain one
   ceilings.csv     the device's measured ceilings
   traffic.csv      DRAM and L2 bytes measured with Nsight Compute
-  env.txt          date, GPU, driver, CUDA and the source hashes of the run that wrote it
+  env.txt          date, GPU, driver, CUDA, commit and the source hashes of the run that wrote it
+  restamps.csv     restamps (scripts/restamp): code changes proved to leave the machine code
+                   identical, which carry rows measured with one source_hash over to another
 
 and, besides, the stages' walkthrough output (walkthrough_NN.txt), Nsight Compute reports (ncu/),
 the training example's loss curves and log (training/: scripts/train_attention.py --csv, drawn by
@@ -24,7 +26,7 @@ fwd (and traffic rows without causal are non-causal).
   python3 -m fa_course.data check plots/data/NVIDIA_H200      # raises on anything incoherent
   python3 -m fa_course.data check --all plots/data            # every GPU folder
   python3 -m fa_course.data merge OUTDIR/data plots/data/NVIDIA_H200
-  python3 -m fa_course.data stale plots/data/NVIDIA_H200      # rows not from this tree's code
+  python3 -m fa_course.data stale plots/data/NVIDIA_H200      # rows current, restamped, stale
   python3 -m fa_course.data rewrite plots/data/NVIDIA_H200    # legacy headers -> current, sorted
 
 A merge replaces, kind by kind, the rows whose key (schema.RESULTS_KEY, CEILINGS_KEY, TRAFFIC_KEY)
@@ -40,8 +42,8 @@ import re
 import shutil
 import sys
 
-from . import results as csv_files
-from . import schema
+from .bench import results as csv_files
+from .bench import schema
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -70,6 +72,9 @@ KINDS = {
     "traffic": Kind("traffic", "traffic"),
 }
 ENV_FILE = "env.txt"
+RESTAMPS_FILE = "restamps.csv"
+RESTAMP_COLUMNS = ["stage", "kinds", "from_hash", "to_hash", "sass_digest", "host_digest", "nvcc", "arch",
+                   "from_commit", "to_commit", "date"]
 LOG_FILE = "gpu_suite_log.txt"
 NCU_FOLDER = "ncu"
 TRAINING_FOLDER = "training"
@@ -136,6 +141,8 @@ def classify(folder):
                 problems.append(f"{name}/: an unknown folder (only {', '.join(f + '/' for f in REPORT_FOLDERS)} "
                                 f"belong in a data folder)")
             continue
+        if name == RESTAMPS_FILE:
+            continue
         if name.endswith(".csv"):
             stem = name[:-4]
             if stem in KINDS:
@@ -190,6 +197,11 @@ def check(folder):
         for row in rows:
             if row["gpu"] != CPU:
                 gpus.setdefault(row["gpu"], set()).add(KINDS[kind].file)
+    if os.path.exists(os.path.join(folder, RESTAMPS_FILE)):
+        try:
+            read_restamps(folder)
+        except DataError as error:
+            problems.append(str(error))
     if len(gpus) > 1:
         problems.append("rows of several GPUs in one folder: " +
                         "; ".join(f"{g} ({', '.join(sorted(f))})" for g, f in sorted(gpus.items())))
@@ -268,11 +280,67 @@ def current_hashes(stages, root=REPO):
     return hashes
 
 
+def read_restamps(folder):
+    """The restamps of a data folder (restamps.csv, written by scripts/restamp), as dicts; [] when
+    there is none. Each says: rows of `stage` in the `kinds` (;-separated) measured with
+    `from_hash` are rows of `to_hash`, because the two trees' machine code (SASS digest, host
+    digest) and the kinds' method are the same. DataError on a malformed file."""
+    path = os.path.join(folder, RESTAMPS_FILE)
+    if not os.path.exists(path):
+        return []
+    import csv
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        if reader.fieldnames != RESTAMP_COLUMNS:
+            raise DataError(f"{path}: header {reader.fieldnames} is not {','.join(RESTAMP_COLUMNS)}")
+        restamps = list(reader)
+    hexadecimal = re.compile(r"^[0-9a-f]{16}$")
+    for number, restamp in enumerate(restamps, start=1):
+        kinds = restamp["kinds"].split(";")
+        if not (hexadecimal.match(restamp["from_hash"]) and hexadecimal.match(restamp["to_hash"])) \
+                or not all(k in KINDS for k in kinds) or not restamp["stage"]:
+            raise DataError(f"{path}: restamp {number} is malformed: {restamp}")
+    return restamps
+
+
+def restamped_to(stage, kind, measured, target, restamps):
+    """The chain of restamps (a list, [] when measured == target) that carries rows of `stage` and
+    `kind` measured with hash `measured` to hash `target`; None when there is none."""
+    edges = {}
+    for restamp in restamps:
+        if restamp["stage"] == stage and kind in restamp["kinds"].split(";"):
+            edges.setdefault(restamp["from_hash"], []).append(restamp)
+    paths, seen = [(measured, [])], {measured}
+    while paths:
+        node, chain = paths.pop(0)
+        if node == target:
+            return chain
+        for restamp in edges.get(node, []):
+            if restamp["to_hash"] not in seen:
+                seen.add(restamp["to_hash"])
+                paths.append((restamp["to_hash"], chain + [restamp]))
+    return None
+
+
+def row_state(kind, row, now, restamps):
+    """"current" (the row's source_hash is this tree's), "restamped" (a chain of restamps leads from
+    it to this tree's) or "stale"."""
+    stage = stage_folder(row["stage"])
+    measured, here = row.get("source_hash", ""), now.get(stage, "")
+    if measured and measured == here:
+        return "current"
+    if measured and here and restamped_to(stage, kind, measured, here, restamps) is not None:
+        return "restamped"
+    return "stale"
+
+
 def stale(folder, root=REPO):
-    """Per kind and stage (peers left out): the rows, how many carry this tree's source_hash, and
-    the hashes in the data. A row is stale when its hash differs from scripts/source_hash.py STAGE
-    of this tree (the code changed after it was measured). Returns a list of dicts."""
+    """Per kind and stage (peers left out): the rows, how many are current (their source_hash is
+    scripts/source_hash.py STAGE of this tree), restamped (a chain of restamps in restamps.csv leads
+    from their hash to this tree's) and stale (the code, its flags, nvcc or the kind's method
+    changed after they were measured). Returns a list of dicts."""
     data = load(folder)
+    restamps = read_restamps(folder)
     report = []
     stages = {stage_folder(r["stage"]) for rows in data.values() for r in rows
               if "stage" in r and r["stage"] not in schema.PEERS}
@@ -283,27 +351,29 @@ def stale(folder, root=REPO):
         for row in data[name]:
             if row["stage"] in schema.PEERS:
                 continue
-            by_stage.setdefault(stage_folder(row["stage"]), []).append(row.get("source_hash", ""))
-        for stage, hashes in sorted(by_stage.items()):
+            by_stage.setdefault(stage_folder(row["stage"]), []).append(row)
+        for stage, rows in sorted(by_stage.items()):
             here = now.get(stage, "")
-            current = sum(1 for h in hashes if h and h == here)
+            states = [row_state(name, r, now, restamps) for r in rows]
+            counts = {s: states.count(s) for s in ("current", "restamped", "stale")}
             if not here:
                 state = "no stage folder in this tree"
-            elif current == len(hashes):
-                state = "current"
+            elif counts["stale"] == 0:
+                state = "current" if counts["restamped"] == 0 else "restamped"
             else:
-                state = "stale" if current == 0 else "mixed"
-            report.append({"kind": name, "stage": stage, "rows": len(hashes), "current": current,
-                           "hash in data": ", ".join(sorted({h for h in hashes if h})) or "-",
+                state = "stale" if counts["stale"] == len(rows) else "mixed"
+            report.append({"kind": name, "stage": stage, "rows": len(rows), **counts,
+                           "hash in data": ", ".join(sorted({r.get("source_hash", "") for r in rows} - {""})) or "-",
                            "hash of this tree": here or "-", "state": state})
     return report
 
 
-def stale_rows(rows, root=REPO):
-    """The rows (of a results-like kind) whose stage is ours and whose source_hash is not this tree's."""
+def stale_rows(rows, root=REPO, kind="results", folder=None):
+    """The rows (of a results-like kind) whose stage is ours and which are neither from this tree's
+    code nor restamped to it (the restamps of `folder`, when given)."""
+    restamps = read_restamps(folder) if folder else []
     now = current_hashes({stage_folder(r["stage"]) for r in rows if r["stage"] not in schema.PEERS}, root)
-    return [r for r in rows if r["stage"] not in schema.PEERS
-            and r.get("source_hash", "") != now.get(stage_folder(r["stage"]), None)]
+    return [r for r in rows if r["stage"] not in schema.PEERS and row_state(kind, r, now, restamps) == "stale"]
 
 
 # ---- env.txt ----
@@ -343,11 +413,12 @@ def main(argv=None):
     merge_parser = commands.add_parser("merge", help="merge a run's data folder into a GPU's data folder")
     merge_parser.add_argument("new")
     merge_parser.add_argument("data")
-    stale_parser = commands.add_parser("stale", help="rows whose source_hash is not this tree's")
+    stale_parser = commands.add_parser("stale", help="rows current, restamped to this tree's code, or stale")
     stale_parser.add_argument("folder")
     stale_parser.add_argument("--root", default=REPO, help="the source tree (default: %(default)s)")
     stale_parser.add_argument("--fail", action="store_true", help="exit 1 when a row is stale")
     stale_parser.add_argument("--brief", action="store_true", help="one line: how many rows are current")
+    stale_parser.add_argument("--kinds", nargs="+", metavar="KIND", help="only these kinds (e.g. results memory)")
     rewrite_parser = commands.add_parser("rewrite", help="rewrite the files in the current columns, sorted")
     rewrite_parser.add_argument("folder")
     args = parser.parse_args(argv)
@@ -366,14 +437,19 @@ def main(argv=None):
                 print(f"{args.new}: no rows to merge")
         elif args.command == "stale":
             report = stale(args.folder, args.root)
-            if args.brief:
-                rows, current = sum(r["rows"] for r in report), sum(r["current"] for r in report)
-                behind = sorted({r["stage"] for r in report if r["state"] != "current"})
-                print(f"{current} of {rows} rows of our stages are from this tree's code" +
-                      (f"; not current: {', '.join(behind)}" if behind else ""))
-            else:
+            unknown = sorted(set(args.kinds or []) - {r for r in KINDS if KINDS[r].schema_kind == "results"})
+            if unknown:
+                raise DataError(f"--kinds: {', '.join(unknown)} carry no source_hash (the kinds: "
+                                f"{', '.join(k for k in KINDS if KINDS[k].schema_kind == 'results')})")
+            report = [r for r in report if not args.kinds or r["kind"] in args.kinds]
+            total = {s: sum(r[s] for r in report) for s in ("rows", "current", "restamped", "stale")}
+            behind = sorted({f"{r['kind']} {r['stage']}" for r in report if r["stale"]})
+            if not args.brief:
                 _print_table(report)
-            if args.fail and any(r["state"] in ("stale", "mixed") for r in report):
+            print(f"{total['current'] + total['restamped']} of {total['rows']} rows of our stages are current: "
+                  f"{total['current']} from this tree's code, {total['restamped']} restamped to it; "
+                  f"{total['stale']} stale" + (f" ({'; '.join(behind)})" if behind else ""))
+            if args.fail and total["stale"]:
                 return 1
         elif args.command == "rewrite":
             for kind, n in rewrite(args.folder).items():
