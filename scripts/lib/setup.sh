@@ -227,3 +227,36 @@ configure_and_build() {
   fi
   build_with_progress "$dir"
 }
+
+# The phases of a long command (scripts/test.sh): `phase "name"` prints a numbered title and ends
+# the phase before it; `phase_summary` (run on exit) prints how long each took. FA_PHASES is the
+# number of phases the command will announce.
+fa_phase_names=()
+fa_phase_seconds=()
+fa_phase_started=
+phase_end() {
+  [ -n "$fa_phase_started" ] || return 0
+  fa_phase_seconds+=($((SECONDS - fa_phase_started)))
+  fa_phase_started=
+}
+phase() {
+  phase_end
+  fa_phase_names+=("$1")
+  echo
+  echo "==> [${#fa_phase_names[@]}/${FA_PHASES:-?}] $1"
+  fa_phase_started=$SECONDS
+}
+phase_summary() {
+  local status=$? i
+  phase_end
+  [ ${#fa_phase_names[@]} -gt 0 ] || return 0
+  echo
+  echo "==> Time per phase:"
+  for i in "${!fa_phase_names[@]}"; do
+    printf '    %-60s %4d min %02d s\n' "${fa_phase_names[$i]}" $((${fa_phase_seconds[$i]:-0} / 60)) \
+      $((${fa_phase_seconds[$i]:-0} % 60))
+  done
+  printf '    %-60s %4d min %02d s\n' "total" $((SECONDS / 60)) $((SECONDS % 60))
+  [ "$status" -eq 0 ] || echo "==> Stopped in phase ${#fa_phase_names[@]} (exit status $status)"
+  return "$status"
+}
