@@ -25,7 +25,7 @@ if os.path.join(REPO, "python") not in sys.path:
     sys.path.insert(0, os.path.join(REPO, "python"))
 
 from fa_course import data as fa_dataset  # noqa: E402
-from fa_course import schema  # noqa: E402
+from fa_course.bench import schema  # noqa: E402
 
 DataError = fa_dataset.DataError
 PEERS = schema.PEERS

@@ -31,7 +31,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 
-from fa_course import results, torch_gpu  # noqa: E402
+from fa_course.bench import results, torch_gpu  # noqa: E402
 
 PROGRAM = "ceilings"
 

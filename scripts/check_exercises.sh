@@ -12,8 +12,10 @@
 #
 #   scripts/check_exercises.sh [BUILD_DIR]
 #     The course's test of the exercise mechanism (scripts/test.sh, the GPU suite): makes a fresh
-#     student copy of every stage in a temporary folder (never touching exercises/), builds them
-#     all in BUILD_DIR (default build-exercises/), and checks that no untouched copy is reported
+#     student copy of every stage in a temporary folder (never touching exercises/), builds them in
+#     BUILD_DIR (default: exercise-check/ inside the course's build folder, build/ or build-ci/;
+#     only the stages, their tests and their PTX, not the course around them), showing the build's
+#     progress, and checks, one line per stage, that no untouched copy is reported
 #     as passing: the CPU stage's copy fails, and so does every GPU stage's on a GPU (with
 #     FA_REQUIRE_GPU=1 a GPU test that cannot run is a failure); without a GPU every GPU stage's
 #     copy must be reported NOT CHECKED (or FAILED), never PASSED. FA_CMAKE_ARGS adds CMake
@@ -43,18 +45,47 @@ gpu_here() { [ "$(choose_preset)" = default ]; }
 
 rule() { printf '%s\n' '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!'; }
 
+# Prints a ctest log for a student: every test's result line, the first lines of the messages of
+# the first MAX failing tests (the guard "your copy ran on a GPU" is not one: it only says the copy could not run
+# here), and none of ctest's own summary, which the verdict replaces.
+show_test_lines() {
+  local log=$1 max=$2 where=$3
+  awk -v max="$max" -v where="$where" '
+    /The following tests FAILED:|Errors while running CTest|tests passed, .* tests failed out of|^Total Test time/ { skip = 1 }
+    skip { next }
+    /^ *[0-9]+\/[0-9]+ Test +#/ {
+      show = 0
+      shown = 0
+      if ($0 ~ /ran on a GPU, not only compiled/) {
+        sub(/\*\*\*Failed/, "not run here")
+      } else if ($0 !~ /Passed|Skipped/) {
+        failed++
+        if (failed <= max) show = 1
+      }
+      print
+      next
+    }
+    show && /[^ ]/ {
+      if (++shown <= 24) print
+      else if (shown == 25) print "  ... (the rest of the messages of this test: " where "/Testing/Temporary/LastTest.log)"
+    }
+    END { if (failed > max) printf "(the messages of the other %d failing tests are in %s/Testing/Temporary/LastTest.log)\n", failed - max, where }
+  ' "$log"
+}
+
 # Runs stage ID's tests in the configured BUILD folder and prints the verdict. With VERBOSE=1
-# the tests' own output (failure messages included) is shown as they run. Returns 0, 1 or 77.
+# each test's result line shows as it runs, then the messages of the first three failing tests
+# (every message stays in Testing/Temporary/LastTest.log). Returns 0, 1 or 77.
 exercise_verdict() {
   local build=$1 id=$2 verbose=${3:-1}
   local number=${id:0:2}
   local log="$build/check-stage$number.log"
   local status=0
-  # Each failing test shows the start of its messages (where its first failure is); all of them are
-  # in Testing/Temporary/LastTest.log.
-  local ctest=(ctest -R "^stage$number:" --output-on-failure --test-output-size-failed 3000 -j "$(nproc)")
+  local ctest=(ctest -R "^stage$number:" --output-on-failure --test-output-size-failed 1500 -j "$(nproc)")
   if [ "$verbose" = 1 ]; then
-    (cd "$build" && "${ctest[@]}") 2>&1 | tee "$log" || status=$?
+    echo "Running stage $number's tests (the whole log: ${log#"$repo_root"/})"
+    (cd "$build" && "${ctest[@]}") >"$log" 2>&1 || status=$?
+    show_test_lines "$log" 3 "${build#"$repo_root"/}"
   else
     (cd "$build" && "${ctest[@]}") >"$log" 2>&1 || status=$?
   fi
@@ -75,10 +106,15 @@ exercise_verdict() {
     rule
     return 1
   elif [ "$failures" -gt 0 ] || { [ "$status" -ne 0 ] && [ "$not_run" -eq 0 ]; }; then
-    echo "FAILED: $failures of stage $number's $total tests fail with your copy of $id (their messages are above;"
-    echo "all of them in $where/Testing/Temporary/LastTest.log)."
+    echo "FAILED: $failures of stage $number's $total tests fail with your copy of $id (the first ones' messages"
+    echo "are above; all of them in $where/Testing/Temporary/LastTest.log)."
     [ "$skipped" -gt 0 ] && echo "(and $skipped GPU tests did not run: $why)"
-    echo "Where it first goes wrong: $where/bin/$id --walkthrough (the exact values beside your kernel's)"
+    if [ "$id" = 11_backward ]; then
+      echo "Where it first goes wrong: the first failing test above names the gradient (dQ, dK or dV), its largest"
+      echo "error and the shape; the C++ backward's tests run without a GPU, so fix those first."
+    else
+      echo "Where it first goes wrong: $where/bin/$id --walkthrough (the exact values beside your kernel's)"
+    fi
     rule
     return 1
   elif [ "$skipped" -gt 0 ] || [ "$not_run" -gt 0 ]; then
@@ -114,14 +150,15 @@ check_your_copies() {
   mkdir -p "$build"
   echo "Building your copy of ${ids[*]} in place of the solution (exercises/ -> ${build#"$repo_root"/}/)"
   # shellcheck disable=SC2046
-  if ! cmake -S "$repo_root" -B "$build" $(generator_args "$build") -DCMAKE_BUILD_TYPE=Release \
+  if ! cmake -S "$repo_root" -B "$build" $(generator_args "$build") $(fa_cmake_launchers "$build") -DCMAKE_BUILD_TYPE=Release \
     -DFA_EXERCISE="$only" -DFA_ONLY_STAGES="$only" -DFA_EXERCISE_DIR="$exercise_dir" \
     "${architectures[@]}" "${fa_cmake_args[@]}" >"$build/configure.log" 2>&1; then
     tail -n 30 "$build/configure.log" >&2
     echo "check_exercises: configuring failed (${build#"$repo_root"/}/configure.log)" >&2
     exit 1
   fi
-  if ! build_with_progress "$build"; then
+  # shellcheck disable=SC2046
+  if ! build_with_progress "$build" --target $(stage_targets "$build"); then
     echo
     rule
     echo "FAILED: your copy of ${ids[*]} does not compile (the compiler's messages are above)."
@@ -137,8 +174,21 @@ check_your_copies() {
   exit "$worst"
 }
 
+# The targets of the stages and their tests in a configured BUILD folder: the stage libraries and
+# executables (01_cpu, fa_stage_01_cpu, fa_read_ceiling ...), the stage test programs and the PTX
+# of the structural tests; not the course, the C ABI or the common tests.
+stage_targets() {
+  local build=$1
+  if [ -f "$build/build.ninja" ]; then
+    ninja -C "$build" -t targets all | sed -n 's/^\([^:/]*\): phony$/\1/p'
+  else
+    cmake --build "$build" --target help | sed -n 's/^\.\.\. \([^ ]*\).*/\1/p'
+  fi | grep -E '^([0-9][0-9]_[A-Za-z0-9_]+|fa_stage_[0-9][0-9]_[A-Za-z0-9_]+|fa_test_stage[0-9][0-9]|ptx_.*|fa_[a-z_]+_ceiling)$' |
+    grep -v '_hash$' | sort -u | tr '\n' ' '
+}
+
 check_mechanism() {
-  local build=${1:-$repo_root/build-exercises}
+  local build=${1:-$(preset_binary_dir "$(choose_preset)")/exercise-check}
   local copies
   copies=$(mktemp -d)
   # shellcheck disable=SC2064
@@ -146,15 +196,21 @@ check_mechanism() {
   local stages stage
   stages=$(ls "$repo_root/stages" | grep -E '^[0-9][0-9]_')
   for stage in $stages; do python3 "$repo_root/scripts/make_exercise" "$stage" --output "$copies" >/dev/null; done
+  echo "Made an untouched student copy of every stage ($(echo "$stages" | wc -w) stages) in a temporary folder"
   local architectures=()
   gpu_here || architectures=("${no_gpu_architectures[@]}")
   mkdir -p "$build"
-  # shellcheck disable=SC2086
-  cmake -S "$repo_root" -B "$build" -DFA_EXERCISE=all -DFA_ONLY_STAGES= -DFA_EXERCISE_DIR="$copies" \
-    "${architectures[@]}" "${fa_cmake_args[@]}" ${FA_CMAKE_ARGS:-} >"$build/configure.log" 2>&1 ||
+  # shellcheck disable=SC2046,SC2086
+  cmake -S "$repo_root" -B "$build" $(generator_args "$build") $(fa_cmake_launchers "$build") -DCMAKE_BUILD_TYPE=Release -DFA_EXERCISE=all \
+    -DFA_ONLY_STAGES= -DFA_EXERCISE_DIR="$copies" "${architectures[@]}" "${fa_cmake_args[@]}" ${FA_CMAKE_ARGS:-} \
+    >"$build/configure.log" 2>&1 ||
     { tail -n 30 "$build/configure.log"; echo "check_exercises: configuring the student copies failed" >&2; exit 1; }
-  cmake --build "$build" -j "$(nproc)" >"$build/exercise-build.log" 2>&1 ||
-    { tail -n 30 "$build/exercise-build.log"; echo "check_exercises: a student copy does not build" >&2; exit 1; }
+  # Only what the stages' verdicts run: each stage's library, executable(s), test program and PTX.
+  local targets
+  targets=$(stage_targets "$build")
+  # shellcheck disable=SC2086
+  build_with_progress "$build" --target $targets ||
+    { echo "check_exercises: a student copy does not build" >&2; exit 1; }
   echo "every stage's student copy builds"
 
   local failed=0 status verdict

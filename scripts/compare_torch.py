@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Our stages beside PyTorch's scaled_dot_product_attention, on the same tensors, in one table.
 
-The command line over fa_course.torch_runner (python/fa_course/torch_runner.py says what is run and
+The command line over fa_course.bench.torch_runner (python/fa_course/bench/torch_runner.py says what is run and
 checked): each chosen GPU stage through the C ABI on PyTorch tensors of its precision, and PyTorch's
 SDPA with each backend forced (torch_flash, torch_efficient, torch_cudnn, torch_math; torch_default
 on request), all compared with a float64 reference and timed with CUDA events. Rows (design.md's
@@ -14,7 +14,7 @@ shape. --causal on|both adds causal masking (bottom-right aligned: is_causal=Tru
 causal_lower_right otherwise). A stage that does not take a shape gets an `unsupported` row with the
 library's reason.
 
---pass bwd measures the backward pass alone instead (fa_course/torch_runner.py, "the backward pass
+--pass bwd measures the backward pass alone instead (fa_course/bench/torch_runner.py, "the backward pass
 alone", says exactly what is timed on each side): our stages with a backward pass (11_backward)
 through fa_backward_v2 after one untimed forward pass, PyTorch's backends through
 torch.autograd.grad on the graph of one SDPA call; rows with pass = bwd, FLOPs 2.5x the forward's,
@@ -27,7 +27,7 @@ PyTorch's: one SDPA call and torch.autograd.grad on its graph); FLOPs 3.5x the f
 "CUDA graph replay" in their note and go to plots/data/<gpu>/torch_graph.csv by default, beside the
 plain rows of torch.csv. Either way the L2 cache is flushed before each timed call where the inputs
 fit in it (--flush-l2 auto), and a spin kernel holds the GPU while the host submits the call
-(fa_course.torch_gpu.GpuHold), so that the events time GPU work alone, never the host's Python,
+(fa_course.bench.torch_gpu.GpuHold), so that the events time GPU work alone, never the host's Python,
 ctypes or dispatch time (tens of microseconds: most of a decoding call, and a few percent of a
 millisecond kernel when the GPU waits for it).
 
@@ -51,10 +51,12 @@ import dataclasses
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "python"))
 
-from fa_course import capi, results, shapes  # noqa: E402
-from fa_course.schema import ELEMENT_BYTES  # noqa: E402
+from fa_course import capi  # noqa: E402
+from fa_course.bench import results, shapes  # noqa: E402
+from fa_course.bench.schema import ELEMENT_BYTES  # noqa: E402
 
 PROGRAM = "compare_torch"
 
@@ -65,12 +67,12 @@ def die(message):
 
 
 def parse_args(argv=None):
-    from fa_course.torch_runner import DEFAULT_PEERS, PEERS, TIMINGS, RunConfig  # no torch import at module level
+    from fa_course.bench.torch_runner import DEFAULT_PEERS, PEERS, TIMINGS, RunConfig  # no torch import at module level
 
     defaults = RunConfig()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lib", help="the C ABI library (default: $FA_CAPI_LIB, else the newest "
-                                      "build*/lib/libfa_capi.so of the repository)")
+    parser.add_argument("--lib", help="the C ABI library (default: $FA_CAPI_LIB, else the one installed with "
+                                      "the package)")
     parser.add_argument("--out", help="results CSV to merge rows into (default: plots/data/<gpu>/torch.csv)")
     parser.add_argument("--shapes", nargs="+", default=["small"],
                         help=f"presets ({', '.join(shapes.PRESETS)}), BxHxNxD or BxHqxHkvxNqxNkxD, separated by "
@@ -183,7 +185,7 @@ def main(argv=None):
         return 0
     stages = choose_stages(library, args.stages, args.pass_)
 
-    from fa_course import torch_runner
+    from fa_course.bench import torch_runner
 
     peers = [] if args.peers == "none" else [p.strip() for p in args.peers.split(",") if p.strip()]
     for peer in peers:
@@ -200,7 +202,7 @@ def main(argv=None):
         runner = torch_runner.TorchRunner(library, args.config)
     except torch_runner.TorchUnavailable as error:
         die(str(error))
-    runner.out_path = args.out or torch_runner.default_out(runner.gpu, timing=args.timing)
+    runner.out_path = args.out or torch_runner.default_out(runner.gpu, REPO, timing=args.timing)
     os.makedirs(os.path.dirname(os.path.abspath(runner.out_path)), exist_ok=True)
     if os.path.exists(runner.out_path) and os.path.getsize(runner.out_path) > 0:
         try:  # a file of another kind, or with a key twice, is refused before anything runs

@@ -53,7 +53,7 @@ done
 python3 - "$after/python" "$out" <<'PY' | tee "$out/compare.txt"
 import glob, statistics, sys
 sys.path.insert(0, sys.argv[1])
-from fa_course import results  # reads the before tree's older CSV header too
+from fa_course.bench import results  # reads the before tree's older CSV header too
 
 out = sys.argv[2]
 times = {}

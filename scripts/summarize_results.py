@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints a results CSV (design.md schema, read with fa_course.results: older B,H,N,D files too) as a
+"""Prints a results CSV (design.md schema, read with fa_course.bench.results: older B,H,N,D files too) as a
 short table: TFLOP/s per stage and shape, then causal over non-causal time where a shape has both.
 
   python3 scripts/summarize_results.py plots/data/NVIDIA_H200/results.csv
@@ -10,8 +10,8 @@ from collections import OrderedDict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 
-from fa_course import results  # noqa: E402
-from fa_course.shapes import Problem  # noqa: E402
+from fa_course.bench import results  # noqa: E402
+from fa_course import Problem  # noqa: E402
 
 
 def shape_label(row):

@@ -6,7 +6,7 @@ Runs every stage executable once under Nsight Compute,
   ncu --clock-control none --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum
       build/bin/NN_name --batch B --heads H --seq N --dim D --reps 0 --warmup 0 --no-check --csv ROW  (exactly one forward)
 
-sums the metrics over the stage's kernels and writes traffic.csv in fa_course.schema's
+sums the metrics over the stage's kernels and writes traffic.csv in fa_course.bench.schema's
 TRAFFIC_COLUMNS (stage, gpu, B, Hq, Hkv, Nq, Nk, D, dtype, causal, pass, dram_read_bytes,
 dram_write_bytes, l2_bytes, predicted_bytes); dtype and gpu come from the row the stage itself
 writes. The default shapes are two of the standard sweep, (4, 16, 4096, 128) and (1, 16, 16384,
@@ -46,10 +46,11 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 
-from fa_course import capi, results  # noqa: E402
-from fa_course.schema import ELEMENT_BYTES  # noqa: E402
+from fa_course import Problem, capi  # noqa: E402
+from fa_course.bench import results  # noqa: E402
+from fa_course.bench.schema import ELEMENT_BYTES  # noqa: E402
+from fa_course.bench.shapes import parse_problem  # noqa: E402
 from fa_course.selection import DECODE_STAGES  # noqa: E402
-from fa_course.shapes import Problem, parse_problem  # noqa: E402
 
 METRICS = ["dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum"]
 BYTE_UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12,

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Trains one small character-level transformer twice from the same start, once with the course's
-attention (fa_course.ops.attention: a forward stage and 11_backward through the C ABI) and once with
+attention (fa_course.attention: a forward stage and 11_backward through the C ABI) and once with
 PyTorch's scaled_dot_product_attention, on the same batches, and prints both losses side by side:
 they should track each other within 16-bit noise. The model has grouped-query heads (8 query heads
 over 2 K/V heads) and causal masking, in BF16 under autocast; the text is the repository's own
@@ -8,6 +8,9 @@ READMEs, so nothing is downloaded.
 
   python3 scripts/train_attention.py                       # 300 steps, eager
   python3 scripts/train_attention.py --compile --csv losses.csv
+
+It uses the installed package (`pip install python/`), from any directory; inside a checkout
+without installing, name the package and a library: PYTHONPATH=python FA_CAPI_LIB=build/lib/libfa_capi.so.
 
 --compile runs both models under torch.compile(fullgraph=True), forward and backward: a graph break
 in our op would fail it. Exit status: 0 when the two runs' final losses (mean of the last 20 steps) agree within
@@ -23,8 +26,7 @@ import math
 import os
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "python"))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the text it trains on
 
 PROGRAM = "train_attention"
 
@@ -46,7 +48,7 @@ def parse_args(argv=None):
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compile", action="store_true", help="torch.compile(fullgraph=True) both models")
-    parser.add_argument("--stage", help="the forward stage to run (default: fa_course.ops's choice)")
+    parser.add_argument("--stage", help="the forward stage to run (default: fa_course.attention's choice)")
     parser.add_argument("--csv", help="write step, loss_ours, loss_sdpa to this file")
     parser.add_argument("--print-every", type=int, default=25)
     parser.add_argument("--agreement", type=float, default=0.05,
@@ -140,24 +142,26 @@ def main(argv=None):
         die(f"PyTorch is needed ({error}); run this on the GPU machine")
     if not torch.cuda.is_available():
         die(f"this example trains on a CUDA GPU (sm_80 or newer) and PyTorch {torch.__version__} sees none")
-    from fa_course import capi
-    from fa_course import ops
-
     try:
-        capi.load()
-    except capi.LibraryNotFoundError as error:
+        import fa_course
+    except ImportError as error:
+        die(f"the fa_course package is not installed ({error}): pip install python/ (from the repository)")
+    try:
+        library = fa_course.load()
+    except fa_course.LibraryNotFoundError as error:
         die(str(error))
     if args.heads % args.kv_heads:
         die(f"--heads {args.heads} is not a multiple of --kv-heads {args.kv_heads}")
     probe = torch.empty(1, args.heads, args.seq, args.head_dim, device="cuda", dtype=torch.bfloat16)
     probe_kv = torch.empty(1, args.kv_heads, args.seq, args.head_dim, device="cuda", dtype=torch.bfloat16)
     try:
-        forward_stage, backward_stage = ops.chosen_stages(probe, probe_kv, probe_kv, causal=True, stage=args.stage)
+        forward_stage, backward_stage = fa_course.chosen_stages(probe, probe_kv, probe_kv, causal=True,
+                                                                stage=args.stage)
     except ValueError as error:
         die(str(error))
 
     def ours(q, k, v):
-        return ops.attention(q, k, v, causal=True, stage=args.stage)
+        return fa_course.attention(q, k, v, causal=True, stage=args.stage)
 
     def sdpa(q, k, v):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -173,7 +177,7 @@ def main(argv=None):
         block.attention = sdpa
     runs = [Run(torch, "fa_course", model, args), Run(torch, "sdpa", twin, args)]
 
-    print(f"{torch.cuda.get_device_name()}; PyTorch {torch.__version__}; {capi.load().path}; forward {forward_stage}, "
+    print(f"{torch.cuda.get_device_name()}; PyTorch {torch.__version__}; {library.path}; forward {forward_stage}, "
           f"backward {backward_stage}; {len(text)} characters, vocabulary {len(alphabet)}; {args.layers} layers, "
           f"{args.heads} query heads over {args.kv_heads} K/V heads of {args.head_dim}, causal, BF16 autocast"
           f"{', torch.compile(fullgraph=True)' if args.compile else ''}", flush=True)

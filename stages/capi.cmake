@@ -20,3 +20,9 @@ file(CONFIGURE OUTPUT ${fa_capi_version_script} CONTENT "{\n  global: fa_*;\n  l
 target_link_options(fa_capi PRIVATE "LINKER:--version-script=${fa_capi_version_script}" "LINKER:--no-undefined")
 set_property(TARGET fa_capi APPEND PROPERTY LINK_DEPENDS ${fa_capi_version_script})
 fa_target_warnings(fa_capi)
+
+# `pip install python/` (scikit-build-core, python/pyproject.toml) builds this target alone and
+# installs the library inside the package, beside fa_course/__init__.py.
+if(SKBUILD)
+  install(TARGETS fa_capi LIBRARY DESTINATION fa_course COMPONENT fa_course)
+endif()

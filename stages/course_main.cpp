@@ -18,6 +18,11 @@ namespace {
 const fa::Problem kGpuDefault = fa::Problem::square(4, 16, 2048, 128);
 const fa::Problem kCpuDefault = fa::Problem::square(1, 1, 2048, 128);
 constexpr double kCpuBudgetSeconds = 5.0;  // the CPU row of the table, all of its runs
+// Decoding (stage 12) runs where it exists: a few new query rows of grouped heads against a long
+// cache, beside stage 08 on the same step.
+const char* const kDecodingStage = "12_split_kv";
+const char* const kDecodingBaseline = "08_mma_registers";
+const fa::Problem kDecodingShape{1, 32, 8, 4, 65536, 128, false};
 
 const char* kDescription =
     "The FlashAttention course: runs every stage on the same random inputs, checks each against the double "
@@ -119,14 +124,12 @@ int main(int argc, char** argv) {
     }
     std::cout << "\n";
 
-    std::vector<fa::ResultRow> rows;
+    // Part one, the forward progression: each stage is the next step of the one before. Part two, each
+    // at the shape it exists for: the backward pass (11) at the same shape, and decoding (12) at a
+    // decoding shape beside stage 08 on the same step, which is what it improves on.
+    std::vector<fa::ResultRow> progression, beyond;
     int exit_code = fa::kExitOk;
-    for (const fa::StageDescriptor& stage : fa::stages::all()) {
-      const bool cpu = stage.backend == fa::Backend::cpu;
-      fa::RunOptions options = cpu ? cpu_options(line.run) : line.run;
-      if (cpu) options.problem = cpu_problem;
-      // A stage whose idea is the backward pass (11) shows its backward; its forward is an earlier stage's.
-      if (stage.features.backward) options.pass = fa::Pass::backward;
+    auto run = [&](const fa::StageDescriptor& stage, fa::RunOptions options, const char* note) {
       fa::RunOutcome outcome = fa::run_stage(stage, options);
       if (outcome.exit_code == fa::kExitNoDevice) {
         // Not a failure of the course: this machine cannot run the stage.
@@ -134,29 +137,62 @@ int main(int argc, char** argv) {
       } else if (outcome.exit_code != fa::kExitOk) {
         exit_code = outcome.exit_code;
       }
-      if (outcome.row.status == "ok" && !same_shape(options.problem, gpu_problem) && device.present) {
+      if (outcome.row.status == "ok" && note != nullptr) {
+        outcome.row.note = note;
+      } else if (outcome.row.status == "ok" && !same_shape(options.problem, gpu_problem) && device.present) {
         outcome.row.note = "at " + fa::describe(options.problem);
       }
-      rows.push_back(outcome.row);
+      return outcome.row;
+    };
+    for (const fa::StageDescriptor& stage : fa::stages::all()) {
+      const bool cpu = stage.backend == fa::Backend::cpu;
+      fa::RunOptions options = cpu ? cpu_options(line.run) : line.run;
+      if (cpu) options.problem = cpu_problem;
+      if (std::string(stage.id) == kDecodingStage) {
+        options.problem = kDecodingShape;
+        const fa::ResultRow* baseline_row = nullptr;
+        for (const fa::StageDescriptor& baseline : fa::stages::all()) {
+          if (std::string(baseline.id) == kDecodingBaseline && baseline.precision == stage.precision) {
+            beyond.push_back(run(baseline, options, "the same decoding step on stage 08"));
+            baseline_row = &beyond.back();
+          }
+        }
+        fa::ResultRow row = run(stage, options, "decoding: Nq = 4 new rows against Nk = 65536 cached keys");
+        if (row.status == "ok" && baseline_row != nullptr && baseline_row->status == "ok" && row.tflops > 0.0 &&
+            baseline_row->tflops > 0.0) {
+          row.speedup = row.tflops / baseline_row->tflops;
+        }
+        beyond.push_back(row);
+      } else if (stage.features.backward) {
+        // A stage whose idea is the backward pass shows its backward; its forward is an earlier stage's.
+        options.pass = fa::Pass::backward;
+        beyond.push_back(run(stage, options, nullptr));
+      } else {
+        progression.push_back(run(stage, options, nullptr));
+      }
     }
-    // The speed-up column compares each stage with the last stage before it that ran the same pass, in the
-    // same precision where that one has it (08's bf16 row with 07's bf16 row), by FLOP/s: the same as by
-    // time where both ran the same problem, and still a fair ratio for the smaller CPU problem.
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      fa::ResultRow& row = rows[i];
+    // The speed-up column compares each stage with the stage just before it, in the same precision
+    // where that one has it (08's bf16 row with 07's bf16 row), by FLOP/s: the same as by time where
+    // both ran the same problem, and still a fair ratio for the smaller CPU problem.
+    for (std::size_t i = 0; i < progression.size(); ++i) {
+      fa::ResultRow& row = progression[i];
       if (row.status != "ok" || row.tflops <= 0.0) continue;
       const fa::ResultRow* previous = nullptr;
       for (std::size_t j = i; j-- > 0;) {
-        const fa::ResultRow& earlier = rows[j];
-        if (earlier.status != "ok" || earlier.tflops <= 0.0 || earlier.stage == row.stage || earlier.pass != row.pass) {
-          continue;
-        }
+        const fa::ResultRow& earlier = progression[j];
+        if (earlier.status != "ok" || earlier.tflops <= 0.0 || earlier.stage == row.stage) continue;
         if (previous != nullptr && previous->stage != earlier.stage) break;  // only the stage just before
         if (previous == nullptr || earlier.dtype == row.dtype) previous = &earlier;
       }
       row.speedup = previous != nullptr ? row.tflops / previous->tflops : 0.0;
     }
-    fa::print_table(std::cout, rows, true);
+    std::cout << "The forward progression (speed-up: over the stage before):\n";
+    fa::print_table(std::cout, progression, true);
+    std::cout << "\nBeyond the progression, each at the shape it exists for: the backward pass, and decoding "
+              << fa::describe(kDecodingShape) << " (speed-up: over stage 08 on the same step):\n";
+    fa::print_table(std::cout, beyond, true);
+    std::vector<fa::ResultRow> rows = progression;
+    rows.insert(rows.end(), beyond.begin(), beyond.end());
     if (!line.csv_path.empty()) fa::append_csv(line.csv_path, rows);
     return exit_code;
   } catch (const std::exception& error) {

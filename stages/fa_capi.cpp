@@ -26,7 +26,9 @@
 #include <utility>
 #include <vector>
 
+#include "fa/cli.hpp"
 #include "fa/cuda_check.hpp"
+#include "fa/device.hpp"
 #include "fa/metrics.hpp"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
@@ -216,8 +218,12 @@ int check_device(const Entry& entry, int& device) {
   if (code == cudaSuccess) code = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (code != cudaSuccess) {
     cudaGetLastError();  // not sticky: leave no stale error for the stage's launch checks
-    return fail(FA_CUDA_ERROR,
-                std::string("stage ") + entry.stage.id + ": " + cuda_message("no usable CUDA device", code));
+    // No GPU at all reads as the command line says it, not as the runtime's "driver version is
+    // insufficient"; a GPU that is there but unusable keeps the runtime's words.
+    const fa::DeviceInfo found = fa::query_device();
+    const std::string why =
+        found.present ? cuda_message("no usable CUDA device", code) : fa::describe_missing_gpu(found);
+    return fail(FA_CUDA_ERROR, std::string("stage ") + entry.stage.id + ": " + why);
   }
   const fa::Architecture& architecture = entry.stage.architecture;
   const int capability = 10 * major + minor;

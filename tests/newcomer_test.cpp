@@ -193,9 +193,9 @@ TEST_CASE("common: fa_course's walkthrough gives one verdict line per stage") {
   const std::string text = out.str();
   INFO(text);
   CHECK(code == fa::kExitWrong);
-  CHECK(contains(text, "test_right          the stage agrees"));
-  CHECK(contains(text, "test_forgets_l      the stage DISAGREES"));
-  CHECK(contains(text, "test_gpu            "));
+  CHECK(contains(text, "test_right              the stage agrees"));
+  CHECK(contains(text, "test_forgets_l          the stage DISAGREES"));
+  CHECK(contains(text, "test_gpu                "));
 }
 
 TEST_CASE("common: a problem larger than host memory is refused as out of memory before allocating") {

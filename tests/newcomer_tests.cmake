@@ -267,12 +267,14 @@ fa_newcomer_check("common: CMakeLists.txt, the presets and the scripts ask for t
 fa_newcomer_check("common: the README, every stage README and make_exercise give the same exercise commands"
                   exercise_commands)
 
-# In an exercise build (FA_EXERCISE), a stage built from the student's copy gets one more test,
+# In an exercise build (FA_EXERCISE), a GPU stage built from the student's copy gets one more test,
 # which fails where the copy cannot run: without it `ctest -R stage04` on a machine without a GPU
-# says "100% tests passed" about a kernel that was only compiled.
+# says "100% tests passed" about a kernel that was only compiled. The CPU stage (01) runs everywhere:
+# its own tests decide, and it gets no such test.
 foreach(id IN LISTS fa_newcomer_stage_ids)
   get_property(source_dir GLOBAL PROPERTY FA_STAGE_SOURCE_DIR_${id})
-  if(NOT TARGET ${id} OR NOT source_dir OR source_dir STREQUAL "${PROJECT_SOURCE_DIR}/stages/${id}")
+  if(NOT TARGET ${id} OR NOT source_dir OR source_dir STREQUAL "${PROJECT_SOURCE_DIR}/stages/${id}"
+     OR id STREQUAL "01_cpu")
     continue()
   endif()
   string(SUBSTRING ${id} 0 2 number)
@@ -304,3 +306,25 @@ echo "no stage README names a suite call, an issue, a bar or a seed document"]=]
 # command; a data set changed without them, or a table edited by hand, fails here with the difference.
 add_test(NAME "common: plots/tables and the README's headline table are what plots/data gives"
          COMMAND python3 ${PROJECT_SOURCE_DIR}/scripts/make_tables.py --check)
+
+# Every stage README of the course's first twelve stages is a lesson read in one sitting (design.md): under 300 lines, an exercise
+# section, a "Tried and dropped" list, the glossary linked; and no README names a run by its time
+# of day ("the 11:18Z run") or a code hash ("source_hash 10ea438b6c147adb", "commit e83d1b5"): the
+# generated tables in plots/tables/ state the date and code of their run once.
+add_test(NAME "common: every stage README is a lesson under 300 lines, naming no run by its time or code hash"
+         COMMAND sh -c [=[
+status=0
+for readme in "$0"/stages/0[1-9]_*/README.md "$0"/stages/1[0-2]_*/README.md; do
+  stage=$(basename "$(dirname "$readme")")
+  lines=$(wc -l <"$readme")
+  [ "$lines" -lt 300 ] || { echo "$stage/README.md: $lines lines (a lesson has fewer than 300)"; status=1; }
+  for heading in '^## Exercise' '^## Tried and dropped'; do
+    grep -q "$heading" "$readme" || { echo "$stage/README.md: no '${heading#^}' section"; status=1; }
+  done
+  grep -q 'GLOSSARY.md' "$readme" || { echo "$stage/README.md: does not link the glossary"; status=1; }
+done
+found=$(grep -n -E '\b[0-2]?[0-9]:[0-5][0-9] ?Z\b|\b[0-2][0-9]:[0-5][0-9] run\b|\brun of [0-2]?[0-9]:[0-5][0-9]\b|\b[0-9a-f]{16}\b|\bcommit [0-9a-f]{7,40}\b|\bsession [0-9]' \
+  "$0"/README.md "$0"/stages/0[1-9]_*/README.md "$0"/stages/1[0-2]_*/README.md)
+if [ -n "$found" ]; then echo "$found"; echo "^ a run named by its time of day or a code hash"; status=1; fi
+[ $status -eq 0 ] && echo "every stage README is under 300 lines, has its exercise and tried-and-dropped sections, links the glossary; no README names a run by its time or code hash"
+exit $status]=] ${PROJECT_SOURCE_DIR})

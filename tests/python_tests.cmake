@@ -1,7 +1,7 @@
 # The Python package (python/fa_course) in ctest: its unit tests (schema formulas, CSV reading and
 # writing, the ctypes declarations against stages/fa_capi.h, the CPU stage through the C ABI, the
 # choice of stages for the PyTorch op), and the check that the stage executables write the CSV
-# header of fa_course.schema. No GPU, no PyTorch, no NumPy: any Python 3.9+ runs them. Then the
+# header of fa_course.bench.schema. No GPU, no PyTorch, no NumPy: any Python 3.9+ runs them. Then the
 # PyTorch op's tests (pytest), which skip without PyTorch. Included from tests/CMakeLists.txt.
 #
 # FA_REQUIRE_LIB=1: a test that needs the built library or executable fails, instead of skipping,
@@ -24,9 +24,9 @@ elseif(TARGET fa_capi AND TARGET 01_cpu)
     # a test skipped inside would show as passed here: with FA_REQUIRE_LIB=1 nothing may skip
     FAIL_REGULAR_EXPRESSION "skipped=[1-9]")
 
-  add_test(NAME "python: the stages' CSV header is fa_course.schema's"
+  add_test(NAME "python: the stages' CSV header is fa_course.bench.schema's"
     COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tests/python/csv_header_check.py $<TARGET_FILE:01_cpu>)
-  set_tests_properties("python: the stages' CSV header is fa_course.schema's" PROPERTIES
+  set_tests_properties("python: the stages' CSV header is fa_course.bench.schema's" PROPERTIES
     ENVIRONMENT "FA_REQUIRE_LIB=1;PYTHONDONTWRITEBYTECODE=1"
     REQUIRED_FILES "$<TARGET_FILE:01_cpu>")
 

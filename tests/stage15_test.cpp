@@ -10,7 +10,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "catch_compat.hpp"
@@ -277,6 +279,15 @@ TEST_CASE("stage15: the steps compute every pair the mask allows once, the same 
   }
 }
 
+TEST_CASE("stage15: the local stages are 11 or 13 backward, 13 on Hopper only") {
+  CHECK(local_stages(Precision::bf16, 80).backward.id == std::string("11_backward"));
+  CHECK(local_stages(Precision::bf16, 80).forward.id == std::string("08_mma_registers"));
+  CHECK(local_stages(Precision::fp16, 90).forward.id == std::string("10_overlap"));
+  CHECK(local_stages(Precision::fp16, 90, 13).backward.id == std::string("13_wgmma_backward"));
+  CHECK_THROWS_AS(local_stages(Precision::bf16, 80, 13), std::invalid_argument);
+  CHECK_THROWS_AS(local_stages(Precision::bf16, 90, 12), std::invalid_argument);
+}
+
 TEST_CASE("stage15: the ring refuses a sequence it cannot split, with the reason") {
   CHECK(ring_unsupported_reason(Problem::square(1, 1, 12, 8), 2).empty());
   CHECK(ring_unsupported_reason(Problem::square(1, 1, 10, 8), 2).find("multiple of 2·P") != std::string::npos);
@@ -316,19 +327,25 @@ TEST_CASE("stage15: the loopback ring on one GPU equals the reference (FP16, BF1
   int device = 0;
   REQUIRE(cudaGetDevice(&device) == cudaSuccess);
   const DeviceInfo info = query_device();
-  for (Precision precision : {Precision::fp16, Precision::bf16}) {
-    const LocalStages stages = default_local_stages(precision, info.compute_capability);
-    for (int ranks : {1, 2, 3}) {
-      std::unique_ptr<Ring> ring = make_loopback_ring(ranks, stages);
-      for (const Problem& problem : ring_shapes(ranks, 64)) {
-        INFO(describe_case(problem, ranks) << " " << precision_name(precision) << ", forward " << stages.forward.id);
-        Inputs inputs = random_inputs(problem, 7);
-        round_to_precision(inputs, precision);
-        std::vector<float> grad_o = random_output_gradient(problem, 7);
-        round_to_precision(grad_o, precision);
-        const Results results =
-            run_gpu_ring(*ring, std::vector<int>(static_cast<size_t>(ranks), device), precision, inputs, grad_o);
-        check_against_reference(results, inputs, grad_o, precision);
+  // Stage 11's backward everywhere, and on Hopper stage 13's too.
+  std::vector<int> backward_stages = {11};
+  if (info.compute_capability == 90) backward_stages.push_back(13);
+  for (int backward_stage : backward_stages) {
+    for (Precision precision : {Precision::fp16, Precision::bf16}) {
+      const LocalStages stages = local_stages(precision, info.compute_capability, backward_stage);
+      for (int ranks : {1, 2, 3}) {
+        std::unique_ptr<Ring> ring = make_loopback_ring(ranks, stages);
+        for (const Problem& problem : ring_shapes(ranks, 64)) {
+          INFO(describe_case(problem, ranks) << " " << precision_name(precision) << ", forward " << stages.forward.id
+                                             << ", backward " << stages.backward.id);
+          Inputs inputs = random_inputs(problem, 7);
+          round_to_precision(inputs, precision);
+          std::vector<float> grad_o = random_output_gradient(problem, 7);
+          round_to_precision(grad_o, precision);
+          const Results results =
+              run_gpu_ring(*ring, std::vector<int>(static_cast<size_t>(ranks), device), precision, inputs, grad_o);
+          check_against_reference(results, inputs, grad_o, precision);
+        }
       }
     }
   }
@@ -342,7 +359,7 @@ TEST_CASE("stage15: the NCCL ring over two GPUs and more equals the reference") 
   for (int ranks = 2; ranks <= visible; ranks *= 2) {
     std::vector<int> devices(static_cast<size_t>(ranks));
     for (int rank = 0; rank < ranks; ++rank) devices[rank] = rank;
-    const LocalStages stages = default_local_stages(Precision::bf16, info.compute_capability);
+    const LocalStages stages = local_stages(Precision::bf16, info.compute_capability);
     std::unique_ptr<Ring> ring = make_nccl_ring(devices, stages);
     for (const Problem& problem : ring_shapes(ranks, 128)) {
       INFO(describe_case(problem, ranks) << " bf16 over NCCL");

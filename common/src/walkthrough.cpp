@@ -8,6 +8,7 @@
 // exact value, then one line saying the stage itself needs a GPU.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <ostream>
 #include <sstream>
@@ -280,6 +281,19 @@ void print_header(std::ostream& out, const std::string& who, const Exact& exact,
   }
 }
 
+// The path of another program of this build folder (bin/<name> beside the running one), relative to
+// the current folder where it lies below it: what the student types on this machine (build/ or build-ci/).
+std::string sibling_program(const char* name) {
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) return std::string("bin/") + name + " in the build folder";
+  const std::filesystem::path program = self.parent_path() / name;
+  if (!std::filesystem::exists(program, error)) return std::string("bin/") + name + " in the build folder";
+  const std::filesystem::path relative = std::filesystem::relative(program, std::filesystem::current_path(error));
+  if (error || relative.empty() || *relative.begin() == "..") return program.string();
+  return relative.string();
+}
+
 }  // namespace
 
 int run_walkthrough(const StageDescriptor& stage, std::ostream& out) {
@@ -308,14 +322,18 @@ int run_walkthrough_all(const std::vector<StageDescriptor>& stages, std::ostream
     const Verdict verdict = walk(stage, own, null_stream);
     if (verdict.exit_code != kExitOk && verdict.exit_code != kExitNoDevice) exit_code = kExitWrong;
     missing_gpu = missing_gpu || verdict.exit_code == kExitNoDevice;
-    out << "  " << std::left << std::setw(20) << stage.id << std::right << verdict.line << "\n";
+    // A stage with several descriptors (11: fp16, bf16 and the C++ fp32) shows each one's precision.
+    const bool shared_id = std::count_if(stages.begin(), stages.end(), [&](const StageDescriptor& other) {
+                             return std::string(other.id) == stage.id;
+                           }) > 1;
+    const std::string label = shared_id ? std::string(stage.id) + "/" + precision_name(stage.precision) : stage.id;
+    out << "  " << std::left << std::setw(24) << label << std::right << verdict.line << "\n";
   }
   if (missing_gpu) {
     const DeviceInfo device = query_device();
     if (!device.present) out << "\nNo CUDA GPU here: " << describe_missing_gpu(device) << ".\n";
   }
-  out << "\nOne stage in detail, tile by tile: bin/<stage> --walkthrough in the build folder (e.g. "
-         "build/bin/04_online_softmax --walkthrough)\n";
+  out << "\nOne stage in detail, tile by tile: " << sibling_program("04_online_softmax") << " --walkthrough\n";
   return exit_code;
 }
 

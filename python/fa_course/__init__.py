@@ -1,45 +1,43 @@
-"""fa_course: the FlashAttention course's stages from Python, through the C ABI (ctypes; nothing is
-built against CUDA or PyTorch), and the one definition of the benchmark CSVs.
+"""fa_course: the FlashAttention course's CUDA stages as a PyTorch op, through their C ABI (ctypes;
+nothing is built against PyTorch).
 
-    import fa_course
-    lib = fa_course.load()                       # build*/lib/libfa_capi.so or $FA_CAPI_LIB
-    [s.id for s in lib.stages()]                 # '01_cpu', '02_naive_gpu', ...
+    import torch, fa_course
+    out = fa_course.attention(q, k, v, causal=True)    # trains; torch.compile and CUDA graphs see one op
+
+    lib = fa_course.Library()                          # the library installed with the package
+    [s.id for s in lib.stages()]                       # '01_cpu', '02_naive_gpu', ...
     lib.forward("01_cpu", fa_course.Problem.square(1, 2, 64, 32), q, k, v, o)
-    rows = fa_course.read_results("plots/data/NVIDIA_H200/torch.csv")
 
-Modules: schema (columns, keys, FLOP and byte formulas), results (CSV reading/writing), shapes
-(Problem, presets), capi (the library), selection (which stages the PyTorch op runs), torch_gpu and
-torch_runner (need PyTorch, imported lazily: `from fa_course import torch_runner` on a machine with
-PyTorch and a GPU), ops (the stages as a trainable PyTorch op; importing it imports PyTorch):
-
-    out = fa_course.attention(q, k, v, causal=True)   # fa_course.ops.attention, imported on first use
+`pip install python/` (from the repository) builds the library and ships it inside the package;
+fa_course.Library(path) or $FA_CAPI_LIB names another (a development build of the checkout).
+The benchmark and data tools (results CSVs, presets, the PyTorch side-by-side runner) are
+fa_course.bench, which the op never imports. python/README.md documents all of it.
 """
 
-from . import schema
-from .capi import (FEATURES, FaError, Library, LibraryNotFoundError, Stage, find_library, forward, load, stages,
-                   workspace_bytes)
-from .results import (SchemaError, csv_kind, make_row, merge_results, read_csv, read_results, read_traffic,
-                      read_ceilings, write_results, write_traffic, write_ceilings)
-from .schema import (CEILINGS_COLUMNS, RESULTS_COLUMNS, RESULTS_KEY, TRAFFIC_COLUMNS, attention_flops,
-                     attention_pairs, causal_key_end, minimum_bytes)
-from .shapes import PRESETS, Problem, parse_problem, parse_shapes
+from .capi import FaError, Library, LibraryNotFoundError, Stage, load, stages
+from .problem import Problem
+from .selection import UnsupportedProblem
 
-__version__ = "0.2.0"
+try:
+    from .ops import attention, attention_with_lse, chosen_stages
+except ImportError as _error:  # PyTorch missing or too old: the rest of the package works without it
+    if isinstance(_error, ModuleNotFoundError) and _error.name != "torch":
+        raise
+    _TORCH_MISSING = f"fa_course's op needs PyTorch 2.4 or newer (pip install torch): {_error}"
 
+    def attention(q, k, v, causal=False, *, stage=None, backward_stage=None, deterministic=False):
+        """softmax(Q K^T / sqrt(D)) V; here it raises ModuleNotFoundError: PyTorch is missing."""
+        raise ModuleNotFoundError(_TORCH_MISSING, name="torch")
 
-def __getattr__(name):
-    """fa_course.attention is fa_course.ops.attention, imported (with PyTorch) only when asked for."""
-    if name == "attention":
-        from .ops import attention
+    def attention_with_lse(q, k, v, causal=False, stage=None, backward_stage=None, deterministic=False):
+        """(O, LSE); here it raises ModuleNotFoundError: PyTorch is missing."""
+        raise ModuleNotFoundError(_TORCH_MISSING, name="torch")
 
-        return attention
-    raise AttributeError(f"module 'fa_course' has no attribute {name!r}")
+    def chosen_stages(q, k, v, causal=False, stage=None, backward_stage=None):
+        """The stages attention would run; here it raises ModuleNotFoundError: PyTorch is missing."""
+        raise ModuleNotFoundError(_TORCH_MISSING, name="torch")
 
+__version__ = "0.3.0"
 
-__all__ = [
-    "schema", "FEATURES", "FaError", "Library", "LibraryNotFoundError", "Stage", "find_library", "forward", "load",
-    "stages", "workspace_bytes", "SchemaError", "csv_kind", "make_row", "merge_results", "read_csv", "read_results",
-    "read_traffic", "read_ceilings", "write_results", "write_traffic", "write_ceilings", "CEILINGS_COLUMNS",
-    "RESULTS_COLUMNS", "RESULTS_KEY", "TRAFFIC_COLUMNS", "attention_flops", "attention_pairs", "causal_key_end",
-    "minimum_bytes", "PRESETS", "Problem", "parse_problem", "parse_shapes", "__version__",
-]
+__all__ = ["attention", "attention_with_lse", "chosen_stages", "Library", "Stage", "load", "stages", "Problem",
+           "FaError", "LibraryNotFoundError", "UnsupportedProblem", "__version__"]

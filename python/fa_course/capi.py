@@ -1,19 +1,23 @@
 """The course's stages through their C ABI (stages/fa_capi.h), loaded with ctypes: nothing here
 builds against CUDA or PyTorch.
 
-    from fa_course import capi
-    lib = capi.load()                      # build*/lib/libfa_capi.so, $FA_CAPI_LIB, or a path
+    import fa_course
+    lib = fa_course.Library()              # the library installed with the package
+    lib = fa_course.Library("build/lib/libfa_capi.so")   # a development build, named explicitly
     for stage in lib.stages():
         print(stage.id, stage.precision, sorted(stage.features), stage.kv_passes)
-    problem = Problem(1, 4, 2, 16, 40, 8, causal=True)
+    problem = fa_course.Problem(1, 4, 2, 16, 40, 8, causal=True)
     lib.forward("01_cpu", problem, q, k, v, o, lse=lse)   # raises FaError on any failure
+
+Which library loads is explicit: the path given, else $FA_CAPI_LIB, else the one `pip install`
+built into the package (fa_course/libfa_capi.so); never a build folder found by searching.
 
 Tensors are addresses: an int, None, or anything with one (a PyTorch tensor's data_ptr(), a NumPy
 array, an array.array, a ctypes object). The library does not know their sizes: the caller passes
-contiguous buffers of the stage's precision and the problem's shapes (fa_course.torch_runner
-checks PyTorch tensors before calling). CUDA stages take device pointers and run on `stream`
-(None: the legacy default stream; a PyTorch stream or its .cuda_stream); the CPU stage takes host
-pointers and returns when O is written.
+contiguous buffers of the stage's precision and the problem's shapes (fa_course.attention checks
+PyTorch tensors before calling). CUDA stages take device pointers and run on `stream` (None: the
+legacy default stream; a PyTorch stream or its .cuda_stream); the CPU stage takes host pointers
+and returns when O is written.
 
 A library built before version 2 of the ABI (no fa_abi_version) still loads: its stages run the
 square (B, H, N, D) forward pass and report the causal feature only.
@@ -23,12 +27,11 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import glob
 import os
 import threading
 from typing import Dict, FrozenSet, List, Optional
 
-from .shapes import Problem
+from .problem import Problem
 
 # ---- enums of fa_capi.h --------------------------------------------------------------------------
 
@@ -57,6 +60,8 @@ FEATURES = {"causal": FA_FEATURE_CAUSAL, "grouped": FA_FEATURE_GROUPED, "rectang
             "lse": FA_FEATURE_LSE, "backward": FA_FEATURE_BACKWARD}
 
 ENV_LIBRARY = "FA_CAPI_LIB"
+# how stage 11's backward pass learns that dQ must be deterministic (Library.run_backward)
+DETERMINISTIC_VARIABLE = "FA_DETERMINISTIC"
 LIBRARY_NAME = "libfa_capi.so"
 
 # ---- the version 2 structs (field for field as in fa_capi.h; tests/python checks the order) -----
@@ -88,7 +93,7 @@ class FaForwardArgs(ctypes.Structure):
         ("k", ctypes.c_void_p),
         ("v", ctypes.c_void_p),
         ("o", ctypes.c_void_p),
-        ("lse", ctypes.POINTER(ctypes.c_float)),
+        ("lse", ctypes.c_void_p),  # float*: every pointer is an address here, set from an int
         ("workspace", ctypes.c_void_p),
         ("stream", ctypes.c_void_p),
     ]
@@ -103,7 +108,7 @@ class FaBackwardArgs(ctypes.Structure):
         ("v", ctypes.c_void_p),
         ("o", ctypes.c_void_p),
         ("grad_o", ctypes.c_void_p),
-        ("lse", ctypes.POINTER(ctypes.c_float)),
+        ("lse", ctypes.c_void_p),
         ("grad_q", ctypes.c_void_p),
         ("grad_k", ctypes.c_void_p),
         ("grad_v", ctypes.c_void_p),
@@ -111,6 +116,9 @@ class FaBackwardArgs(ctypes.Structure):
         ("stream", ctypes.c_void_p),
     ]
 
+
+_FORWARD_ARGS_SIZE = ctypes.sizeof(FaForwardArgs)
+_BACKWARD_ARGS_SIZE = ctypes.sizeof(FaBackwardArgs)
 
 # name in fa_capi.h -> ctypes Structure (what the layout test compares)
 STRUCTS = {"fa_problem": FaProblem, "fa_forward_args": FaForwardArgs, "fa_backward_args": FaBackwardArgs}
@@ -175,23 +183,14 @@ class LibraryNotFoundError(FileNotFoundError):
 
 # ---- finding and loading the library -------------------------------------------------------------
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def library_candidates(root: Optional[str] = None) -> List[str]:
-    """build*/lib/libfa_capi.so under the repository (this package's, else `root`), newest first."""
-    roots = [root] if root else [REPO_ROOT, os.getcwd()]
-    found = []
-    for base in roots:
-        for path in glob.glob(os.path.join(base, "build*", "lib", LIBRARY_NAME)):
-            if os.path.isfile(path) and os.path.abspath(path) not in found:
-                found.append(os.path.abspath(path))
-    return sorted(found, key=os.path.getmtime, reverse=True)
+# where `pip install` puts the library: beside this file, inside the package
+INSTALLED_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), LIBRARY_NAME)
 
 
 def find_library(path: Optional[str] = None) -> str:
-    """The library to load: `path` when given, else $FA_CAPI_LIB, else the newest
-    build*/lib/libfa_capi.so of the repository. LibraryNotFoundError names what was searched."""
+    """The library to load: `path` when given (a file or the folder holding it), else $FA_CAPI_LIB,
+    else the one installed with the package. LibraryNotFoundError says which was asked for and why it
+    is not there."""
     if path:
         if os.path.isdir(path):
             path = os.path.join(path, LIBRARY_NAME)
@@ -204,13 +203,12 @@ def find_library(path: Optional[str] = None) -> str:
         if not os.path.isfile(env):
             raise LibraryNotFoundError(f"${ENV_LIBRARY} is {env}, which is not a file")
         return os.path.abspath(env)
-    candidates = library_candidates()
-    if candidates:
-        return candidates[0]
-    searched = ", ".join(dict.fromkeys(os.path.join(r, "build*", "lib", LIBRARY_NAME) for r in (REPO_ROOT, os.getcwd())))
-    raise LibraryNotFoundError(f"no {LIBRARY_NAME}: ${ENV_LIBRARY} is not set and nothing matches {searched}; "
-                               f"build it (cmake --preset default && cmake --build build --target fa_capi) or pass "
-                               f"its path")
+    if os.path.isfile(INSTALLED_LIBRARY):
+        return INSTALLED_LIBRARY
+    raise LibraryNotFoundError(f"fa_course has no library of its own at {INSTALLED_LIBRARY} (it is imported from "
+                               f"a source tree, not installed) and ${ENV_LIBRARY} is not set: install the package "
+                               f"(pip install python/), or name a development build: "
+                               f"fa_course.Library('build/lib/{LIBRARY_NAME}') or {ENV_LIBRARY}=build/lib/{LIBRARY_NAME}")
 
 
 def _text(value: Optional[bytes]) -> str:
@@ -346,6 +344,8 @@ class Library:
             raise LibraryNotFoundError(f"{self.path} reports ABI version {self.abi_version} but lacks "
                                        f"{', '.join(v2_missing)}")
         self._stages: Optional[List[Stage]] = None
+        self._backward_lock = threading.Lock()
+        self._deterministic: Optional[bool] = None  # what FA_DETERMINISTIC was last set to
 
     def __repr__(self):
         return f"Library({self.path!r}, abi_version={self.abi_version})"
@@ -468,47 +468,58 @@ class Library:
         `lse` when given. Returns when the CPU stage is done, or when a CUDA stage's work is queued on
         `stream`. Raises FaError (with .refused for a problem the stage does not take)."""
         problem = Problem.of(problem, causal)
-        raw = stage_id.encode()
-        pointers = {name: _address(value, name) for name, value in
-                    (("q", q), ("k", k), ("v", v), ("o", o), ("workspace", workspace))}
-        lse_address = _address(lse, "lse")
+        pointers = [_address(value, name) for name, value in
+                    (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("workspace", workspace))]
         stream_handle = _stream_handle(stream)
         if self.abi_version >= 2:
-            c_problem = FaProblem.of(problem)
-            args = FaForwardArgs(ctypes.sizeof(FaForwardArgs), ctypes.pointer(c_problem), pointers["q"],
-                                 pointers["k"], pointers["v"], pointers["o"],
-                                 ctypes.cast(lse_address, ctypes.POINTER(ctypes.c_float)) if lse_address else None,
-                                 pointers["workspace"], stream_handle)
-            status = self._lib.fa_forward_v2(raw, ctypes.byref(args))
-        else:
-            self._require_v1(stage_id, problem, lse_address)
-            status = self._lib.fa_forward(raw, problem.batch, problem.q_heads, problem.q_seq, problem.dim,
-                                          int(problem.causal), pointers["q"], pointers["k"], pointers["v"],
-                                          pointers["o"], pointers["workspace"], stream_handle)
-        message = self.last_error() if status != FA_OK else ""
+            self.run_forward(stage_id.encode(), ctypes.pointer(FaProblem.of(problem)), *pointers, stream_handle)
+            return
+        self._require_v1(stage_id, problem, pointers[4])
+        q_address, k_address, v_address, o_address, _, workspace_address = pointers
+        status = self._lib.fa_forward(stage_id.encode(), problem.batch, problem.q_heads, problem.q_seq, problem.dim,
+                                      int(problem.causal), q_address, k_address, v_address, o_address,
+                                      workspace_address, stream_handle)
         if status != FA_OK:
-            raise FaError(status, message, stage_id, "fa_forward")
+            raise FaError(status, self.last_error(), stage_id, "fa_forward")
 
     def backward(self, stage_id: str, problem, q, k, v, o, grad_o, lse, grad_q, grad_k, grad_v,
-                 causal: Optional[bool] = None, stream=None, workspace=None) -> None:
-        """dQ, dK, dV from Q, K, V, O, dO and the forward's LSE (stages with the backward feature)."""
+                 causal: Optional[bool] = None, stream=None, workspace=None, deterministic: bool = False) -> None:
+        """dQ, dK, dV from Q, K, V, O, dO and the forward's LSE (stages with the backward feature).
+        `deterministic`: dQ bitwise the same from run to run (stage 11's dQ pass instead of FP32
+        atomics in no fixed order; its README says what it costs)."""
         problem = Problem.of(problem, causal)
         if self.abi_version < 2:
             self._require_v1(stage_id, problem, pass_="bwd")
-        names = ("q", "k", "v", "o", "grad_o", "grad_q", "grad_k", "grad_v", "workspace")
-        values = (q, k, v, o, grad_o, grad_q, grad_k, grad_v, workspace)
-        pointers = {name: _address(value, name) for name, value in zip(names, values)}
-        lse_address = _address(lse, "lse")
-        c_problem = FaProblem.of(problem)
-        args = FaBackwardArgs(ctypes.sizeof(FaBackwardArgs), ctypes.pointer(c_problem), pointers["q"],
-                              pointers["k"], pointers["v"], pointers["o"], pointers["grad_o"],
-                              ctypes.cast(lse_address, ctypes.POINTER(ctypes.c_float)) if lse_address else None,
-                              pointers["grad_q"], pointers["grad_k"], pointers["grad_v"], pointers["workspace"],
-                              _stream_handle(stream))
-        status = self._lib.fa_backward_v2(stage_id.encode(), ctypes.byref(args))
-        message = self.last_error() if status != FA_OK else ""
+        names = ("q", "k", "v", "o", "grad_o", "lse", "grad_q", "grad_k", "grad_v", "workspace")
+        values = (q, k, v, o, grad_o, lse, grad_q, grad_k, grad_v, workspace)
+        pointers = [_address(value, name) for name, value in zip(names, values)]
+        self.run_backward(stage_id.encode(), ctypes.pointer(FaProblem.of(problem)), *pointers, _stream_handle(stream),
+                          deterministic)
+
+    # ---- the calls with everything worked out (fa_course.attention's per-call path) ----------------
+    # The stage id as bytes, the problem as a struct (FaProblem.of, wrapped in ctypes.pointer) and
+    # every tensor, the workspace and the stream as an int address (or None): nothing is converted
+    # or looked up here, so a caller that keeps those between calls pays only for the call itself.
+
+    def run_forward(self, stage_id: bytes, problem_pointer, q, k, v, o, lse, workspace, stream) -> None:
+        args = FaForwardArgs(_FORWARD_ARGS_SIZE, problem_pointer, q, k, v, o, lse, workspace, stream)
+        status = self._lib.fa_forward_v2(stage_id, args)
         if status != FA_OK:
-            raise FaError(status, message, stage_id, "fa_backward")
+            raise FaError(status, self.last_error(), stage_id.decode(), "fa_forward")
+
+    def run_backward(self, stage_id: bytes, problem_pointer, q, k, v, o, grad_o, lse, grad_q, grad_k, grad_v,
+                     workspace, stream, deterministic: bool) -> None:
+        args = FaBackwardArgs(_BACKWARD_ARGS_SIZE, problem_pointer, q, k, v, o, grad_o, lse, grad_q, grad_k,
+                              grad_v, workspace, stream)
+        # Stage 11 reads the choice from FA_DETERMINISTIC at each call (fa_backward_args has no field
+        # for it yet); it is set here, under a lock, so that the call sees this call's choice.
+        with self._backward_lock:
+            if deterministic != self._deterministic:
+                os.environ[DETERMINISTIC_VARIABLE] = "1" if deterministic else "0"
+                self._deterministic = deterministic
+            status = self._lib.fa_backward_v2(stage_id, args)
+        if status != FA_OK:
+            raise FaError(status, self.last_error(), stage_id.decode(), "fa_backward")
 
 
 # ---- module-level conveniences over one shared library -----------------------------------------

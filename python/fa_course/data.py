@@ -42,8 +42,8 @@ import re
 import shutil
 import sys
 
-from . import results as csv_files
-from . import schema
+from .bench import results as csv_files
+from .bench import schema
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

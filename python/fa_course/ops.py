@@ -2,12 +2,11 @@
 stages through the C ABI (ctypes, so nothing is built against PyTorch), registered with
 torch.library so that autograd, torch.compile (no graph break) and CUDA graphs see an ordinary op.
 
-    import torch
-    from fa_course import ops
+    import torch, fa_course
     q = torch.randn(2, 8, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(2, 2, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn_like(k, requires_grad=True)
-    out = ops.attention(q, k, v, causal=True)          # (2, 8, 1024, 64); grouped-query heads
+    out = fa_course.attention(q, k, v, causal=True)    # (2, 8, 1024, 64); grouped-query heads
     out.float().square().sum().backward()              # q.grad, k.grad, v.grad from stage 11
 
 Tensors: Q (B, Hq, Nq, D), K and V (B, Hkv, Nk, D), Hq a multiple of Hkv (query head h reads K/V
@@ -20,42 +19,48 @@ Which stages run: fa_course.selection says how they are chosen (the latest stage
 that runs on this GPU, writes the log-sum-exp and takes the problem; on an H100 or H200
 10_overlap, else 08_mma_registers; the backward pass is 11_backward's). `stage=` and
 `backward_stage=` name others ("08", "09_wgmma_tma"); `chosen_stages(...)` says what a call runs.
+`deterministic=True` (or torch.use_deterministic_algorithms(True) when the backward pass runs)
+makes dQ bitwise the same from run to run: stage 11's dQ pass instead of FP32 atomics in no fixed
+order (stages/11_backward/README.md says what it costs).
 
-The registered ops (namespace fa_course):
-  torch.ops.fa_course.attention(q, k, v, causal=False, stage="", backward_stage="") -> (O, LSE)
+The registered ops (namespace fa_course; autograd is fa_course.attention's, around them):
+  torch.ops.fa_course.attention(q, k, v, causal=False, stage="") -> (O, LSE)
       LSE is FP32 (B, Hq, Nq), the natural log of each row's softmax denominator; it is saved for
-      the backward pass and is not differentiable (marked so: a loss that uses it gets no gradient
-      through it).
-  torch.ops.fa_course.attention_backward(grad_out, q, k, v, out, lse, causal=False, stage="")
-      -> (dQ, dK, dV); dK and dV summed over each K/V head's query heads. Under
-      torch.use_deterministic_algorithms(True) it runs with FA_DETERMINISTIC=1 in the environment,
-      which 11_backward reads: dQ from a pass of its own, bitwise the same from run to run, instead of
-      FP32 atomics in no fixed order (stages/11_backward/README.md says what it costs).
+      the backward pass and is not differentiable.
+  torch.ops.fa_course.attention_backward(grad_out, q, k, v, out, lse, causal=False, stage="",
+      deterministic=False) -> (dQ, dK, dV); dK and dV summed over each K/V head's query heads.
 
-Each call allocates O, the LSE, the gradients and the stage's workspace (fa_workspace_bytes_v2) as
-torch tensors and runs on the current stream, so a CUDA graph captures it: the library allocates
-nothing. A tensor on the wrong device, of the wrong dtype, non-contiguous or of mismatched shapes
+The cost of a call: what does not change between calls with tensors of the same shapes, dtype
+and device (the checks' verdict, the stages chosen, their workspace sizes, the C problem struct)
+is worked out on the first such call and kept (a Plan); later calls allocate O, the LSE, the
+gradients and the workspace as torch tensors from PyTorch's caching allocator on the current
+stream (so a CUDA graph captures them: the library allocates nothing) and call the library.
+Autograd is an autograd.Function around the ops (cheaper than an autograd kernel on them), and an
+eager call on plain tensors goes straight to the ops' implementation (_straight says when),
+skipping the dispatcher's round trip; torch.compile, fake tensors and dispatch modes see the ops.
+
+Errors: a tensor on the wrong device, of the wrong dtype, non-contiguous or of mismatched shapes
 raises TypeError or ValueError before anything runs; a problem no stage takes (a head dim past a
-stage's maximum) raises fa_course.selection.UnsupportedProblem (a ValueError) with the library's
-reason; a failure inside the library raises capi.FaError (a RuntimeError) with its message.
+stage's maximum) raises UnsupportedProblem (a ValueError) with the library's reason; a failure
+inside the library raises FaError (a RuntimeError) with its message.
 
-Importing this module imports torch (2.4 or newer) and registers the ops; fa_course itself imports
-it only when fa_course.attention is first asked for.
+Importing this module imports torch (2.4 or newer) and registers the ops; `import fa_course` does
+when PyTorch is installed.
 """
 
 import contextlib
-import functools
-import os
-from typing import Optional, Tuple
+import ctypes
+import threading
+from typing import Dict, Optional, Tuple
 
 import torch
 
 from . import capi
+from .problem import Problem
 from .selection import UnsupportedProblem, choose_stage
-from .shapes import Problem
 
-if not hasattr(torch.library, "custom_op") or not hasattr(torch.library, "register_fake"):
-    raise ImportError(f"fa_course.ops needs PyTorch 2.4 or newer (torch.library.custom_op); this is "
+if not hasattr(torch.library, "register_fake"):
+    raise ImportError(f"fa_course.attention needs PyTorch 2.4 or newer (torch.library.register_fake); this is "
                       f"{torch.__version__}")
 
 NAMESPACE = "fa_course"
@@ -67,19 +72,15 @@ DTYPES = {
 }
 
 
-# ---- checks that need only shapes, dtypes and devices (the fake tensors of torch.compile have them) --
+# ---- the checks, written once (the fake tensors of torch.compile have all they read) -------------
 
 
-def _check_types(q, k, v) -> None:
-    """The dispatcher would refuse a non-tensor too, but with the whole value printed."""
+def check_inputs(q, k, v, causal: bool = False) -> Problem:
+    """The problem of q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D); TypeError or ValueError, saying
+    what is wrong, unless they are tensors that fa_course.attention takes."""
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"fa_course.attention: {name} must be a torch.Tensor, not {type(tensor).__name__}")
-
-
-def _check_inputs(q, k, v) -> None:
-    _check_types(q, k, v)
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
         if tensor.dim() != 4:
             raise ValueError(f"fa_course.attention: {name} must be 4-D (batch, heads, seq, dim), not "
                              f"{tuple(tensor.shape)}")
@@ -104,43 +105,118 @@ def _check_inputs(q, k, v) -> None:
         if not tensor.is_contiguous():
             raise ValueError(f"fa_course.attention: {name} is not contiguous (stride {tuple(tensor.stride())}); the "
                              f"layout is (batch, heads, seq, dim) with dim fastest: call .contiguous()")
-
-
-def _check_saved(grad_out, q, out, lse) -> None:
-    if grad_out.shape != q.shape or out.shape != q.shape:
-        raise ValueError(f"fa_course.attention_backward: grad_out {tuple(grad_out.shape)} and out "
-                         f"{tuple(out.shape)} must be shaped like q {tuple(q.shape)}")
-    if grad_out.dtype != q.dtype or out.dtype != q.dtype or grad_out.device != q.device or out.device != q.device:
-        raise TypeError(f"fa_course.attention_backward: grad_out ({grad_out.dtype}, {grad_out.device}) and out "
-                        f"({out.dtype}, {out.device}) must match q ({q.dtype}, {q.device})")
-    if lse.dtype != torch.float32 or lse.device != q.device or lse.shape != q.shape[:3]:
-        raise ValueError(f"fa_course.attention_backward: lse must be float32 {tuple(q.shape[:3])} on {q.device}, not "
-                         f"{lse.dtype} {tuple(lse.shape)} on {lse.device}")
-    for name, tensor in (("grad_out", grad_out), ("out", out), ("lse", lse)):
-        if not tensor.is_contiguous():
-            raise ValueError(f"fa_course.attention_backward: {name} is not contiguous")
-
-
-# ---- what runs ---------------------------------------------------------------------------------
-
-
-def _problem(q, k, causal: bool) -> Problem:
     batch, q_heads, q_seq, dim = (int(x) for x in q.shape)
     return Problem(batch, q_heads, int(k.shape[1]), q_seq, int(k.shape[2]), dim, bool(causal))
 
 
-@functools.lru_cache(maxsize=None)
+def check_output(name: str, tensor, shape, dtype, device) -> None:
+    """TypeError or ValueError unless `tensor` is a contiguous `dtype` tensor of `shape` on `device`."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"fa_course.attention: {name} must be a torch.Tensor, not {type(tensor).__name__}")
+    if tensor.dtype != dtype or tensor.device != device:
+        raise TypeError(f"fa_course.attention: {name} must be {dtype} on {device}, not {tensor.dtype} on "
+                        f"{tensor.device}")
+    if tuple(tensor.shape) != tuple(shape):
+        raise ValueError(f"fa_course.attention: {name} must have shape {tuple(shape)}, not {tuple(tensor.shape)}")
+    if not tensor.is_contiguous():
+        raise ValueError(f"fa_course.attention: {name} is not contiguous")
+
+
+def check_saved(grad_out, q, out, lse) -> None:
+    """The backward pass's own tensors: dO and O shaped like q, the LSE FP32 (B, Hq, Nq)."""
+    check_output("grad_out", grad_out, q.shape, q.dtype, q.device)
+    check_output("out", out, q.shape, q.dtype, q.device)
+    check_output("lse", lse, q.shape[:3], torch.float32, q.device)
+
+
+# ---- what runs, worked out once per kind of call ----------------------------------------------
+
+
+def on_device(device):
+    """The tensors' CUDA device made the current one (the library runs on the current device and
+    refuses pointers of another); nothing for CPU tensors."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+try:  # the raw cudaStream_t of the current stream, as torch.compile's generated code reads it
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+except AttributeError:  # a PyTorch without CUDA
+    def _raw_stream(index):
+        return torch.cuda.current_stream(index).cuda_stream
+
+
+class Plan:
+    """Everything about a call that its tensors' shapes, dtype and device decide: the problem, the
+    stages each pass runs and their workspace sizes, the C problem struct. Made by plan_for."""
+
+    def __init__(self, library: capi.Library, problem: Problem, device: torch.device, dtype):
+        self.library = library
+        self.problem = problem
+        self.device = device
+        self.device_index = device.index if device.type == "cuda" else None
+        self.capability = _capability(self.device_index) if device.type == "cuda" else 0
+        self.precision = DTYPES[(device.type, dtype)]
+        self.lse_shape = problem.lse_shape
+        self.problem_pointer = ctypes.pointer(capi.FaProblem.of(problem))
+        self._stages: Dict[Tuple[str, str], Tuple[capi.Stage, bytes, int]] = {}
+
+    def stage(self, pass_: str, requested: str) -> Tuple[capi.Stage, bytes, int]:
+        """(stage, its id as bytes, its workspace bytes) for `pass_` ('fwd' or 'bwd'), the automatic
+        choice or the one `requested`; chosen on the first call that needs it, so a forward-only
+        caller is never refused for the backward pass."""
+        chosen = self._stages.get((pass_, requested))
+        if chosen is None:
+            stage = choose_stage(self.library, pass_, self.device.type, self.precision, self.problem, self.capability,
+                                 requested or None)
+            chosen = (stage, stage.id.encode(), self.library.workspace_bytes(stage.id, self.problem, pass_))
+            self._stages[(pass_, requested)] = chosen
+        return chosen
+
+    def elsewhere(self) -> bool:
+        """Whether the tensors are on a CUDA device other than the current one (the call then makes
+        theirs current: the library runs on the current device)."""
+        return self.device_index is not None and torch.cuda.current_device() != self.device_index
+
+    def stream(self) -> Optional[int]:
+        return _raw_stream(self.device_index) if self.device_index is not None else None
+
+    def workspace(self, size: int):
+        return torch.empty(size, dtype=torch.uint8, device=self.device) if size else None
+
+
+_capabilities: Dict[int, int] = {}
+
+
 def _capability(device_index: int) -> int:
-    major, minor = torch.cuda.get_device_capability(device_index)
-    return 10 * major + minor
+    if device_index not in _capabilities:
+        major, minor = torch.cuda.get_device_capability(device_index)
+        _capabilities[device_index] = 10 * major + minor
+    return _capabilities[device_index]
 
 
-def _stage(pass_: str, q, problem: Problem, requested: str) -> capi.Stage:
-    backend = q.device.type
-    capability = _capability(q.device.index if q.device.index is not None else torch.cuda.current_device()) \
-        if backend == "cuda" else 0
-    return choose_stage(capi.load(), pass_, backend, DTYPES[(backend, q.dtype)], problem, capability,
-                        requested or None)
+_plans: Dict[tuple, Plan] = {}
+_plans_lock = threading.Lock()
+# Plans kept at most (a few hundred bytes each); past that they are made afresh, as on a first call.
+MAX_PLANS = 4096
+
+
+def plan_for(q, k, v, causal: bool) -> Plan:
+    """The Plan of a call on these tensors: kept per (shapes, dtypes, devices, causal), so the checks
+    run once for each; only contiguity, which the key does not hold, is checked at every call."""
+    key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal)
+    plan = _plans.get(key)
+    if plan is None:
+        problem = check_inputs(q, k, v, causal)
+        with _plans_lock:
+            plan = _plans.get(key)
+            if plan is None:
+                if len(_plans) >= MAX_PLANS:
+                    _plans.clear()
+                plan = Plan(capi.load(), problem, q.device, q.dtype)
+                _plans[key] = plan
+    elif not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        check_inputs(q, k, v, causal)
+    return plan
 
 
 def chosen_stages(q, k, v, causal: bool = False, stage: Optional[str] = None,
@@ -148,125 +224,146 @@ def chosen_stages(q, k, v, causal: bool = False, stage: Optional[str] = None,
     """(forward stage id, backward stage id) that attention(q, k, v, ...) runs; UnsupportedProblem
     when no stage takes the problem in either pass (the op itself finds out about the backward pass
     only when it runs it: call this first to refuse a training step before its forward pass)."""
-    _check_inputs(q, k, v)
-    problem = _problem(q, k, causal)
-    return _stage("fwd", q, problem, stage or "").id, _stage("bwd", q, problem, backward_stage or "").id
+    plan = plan_for(q, k, v, bool(causal))
+    return plan.stage("fwd", stage or "")[0].id, plan.stage("bwd", backward_stage or "")[0].id
 
 
-def _workspace(library: capi.Library, stage: capi.Stage, problem: Problem, pass_: str, device):
-    needed = library.workspace_bytes(stage.id, problem, pass_)
-    return torch.empty(needed, dtype=torch.uint8, device=device) if needed else None
+# ---- the ops ---------------------------------------------------------------------------------------
+
+_library = torch.library.Library(NAMESPACE, "DEF")
+_library.define("attention(Tensor q, Tensor k, Tensor v, bool causal=False, str stage=\"\") -> (Tensor, Tensor)")
+_library.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                "bool causal=False, str stage=\"\", bool deterministic=False) -> (Tensor, Tensor, Tensor)")
 
 
-def _on_device(device):
-    """The tensors' CUDA device made the current one for the call (the library runs on the current
-    device and refuses pointers of another); nothing for CPU tensors."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
-def _stream(device):
-    return torch.cuda.current_stream(device) if device.type == "cuda" else None
-
-
-# ---- the ops -------------------------------------------------------------------------------------
-
-
-@torch.library.custom_op(f"{NAMESPACE}::attention", mutates_args=())
-def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, stage: str = "",
-                       backward_stage: str = "") -> Tuple[torch.Tensor, torch.Tensor]:
-    """(O, LSE) of the chosen forward stage (see the module docstring); `backward_stage` is kept for
-    the backward pass."""
-    _check_inputs(q, k, v)
-    problem = _problem(q, k, causal)
-    library = capi.load()
-    with _on_device(q.device):
-        chosen = _stage("fwd", q, problem, stage)
-        out = torch.empty_like(q)
-        lse = torch.empty(problem.lse_shape, dtype=torch.float32, device=q.device)
-        workspace = _workspace(library, chosen, problem, "fwd", q.device)
-        library.forward(chosen.id, problem, q, k, v, out, lse=lse, stream=_stream(q.device), workspace=workspace)
+def _forward(q, k, v, causal=False, stage=""):
+    """(O, LSE) of the chosen forward stage."""
+    plan = plan_for(q, k, v, causal)
+    if plan.elsewhere():
+        with torch.cuda.device(plan.device_index):
+            return _forward(q, k, v, causal, stage)
+    _, stage_id, workspace_bytes = plan.stage("fwd", stage)
+    out = torch.empty_like(q)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
+    workspace = plan.workspace(workspace_bytes)
+    plan.library.run_forward(stage_id, plan.problem_pointer, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                             lse.data_ptr(), workspace.data_ptr() if workspace is not None else None, plan.stream())
     return out, lse
 
 
-@attention_with_lse.register_fake
-def _attention_fake(q, k, v, causal=False, stage="", backward_stage=""):
-    _check_inputs(q, k, v)
-    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
-
-
-@contextlib.contextmanager
-def _deterministic_if_asked():
-    """FA_DETERMINISTIC=1 for the call when PyTorch is asked for deterministic algorithms (and the
-    environment does not already say so), then the environment as it was."""
-    if not torch.are_deterministic_algorithms_enabled() or os.environ.get("FA_DETERMINISTIC") == "1":
-        yield
-        return
-    previous = os.environ.get("FA_DETERMINISTIC")
-    os.environ["FA_DETERMINISTIC"] = "1"
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ["FA_DETERMINISTIC"]
-        else:
-            os.environ["FA_DETERMINISTIC"] = previous
-
-
-@torch.library.custom_op(f"{NAMESPACE}::attention_backward", mutates_args=())
-def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       out: torch.Tensor, lse: torch.Tensor, causal: bool = False,
-                       stage: str = "") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) of the chosen backward stage from the forward's O and LSE and the gradient dO."""
-    _check_inputs(q, k, v)
-    _check_saved(grad_out, q, out, lse)
-    problem = _problem(q, k, causal)
-    library = capi.load()
-    with _on_device(q.device):
-        chosen = _stage("bwd", q, problem, stage)
-        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        workspace = _workspace(library, chosen, problem, "bwd", q.device)
-        with _deterministic_if_asked():
-            library.backward(chosen.id, problem, q, k, v, out, grad_out, lse, grad_q, grad_k, grad_v,
-                             stream=_stream(q.device), workspace=workspace)
+def _backward(grad_out, q, k, v, out, lse, causal=False, stage="", deterministic=False, saved_by_us=False):
+    """(dQ, dK, dV) of the chosen backward stage from the forward's O and LSE and the gradient dO.
+    `saved_by_us`: O and LSE are the forward's own and dO autograd's, made contiguous (_Attention),
+    so their checks would only repeat what holds by construction."""
+    plan = plan_for(q, k, v, causal)
+    if plan.elsewhere():
+        with torch.cuda.device(plan.device_index):
+            return _backward(grad_out, q, k, v, out, lse, causal, stage, deterministic, saved_by_us)
+    if not saved_by_us:
+        check_saved(grad_out, q, out, lse)
+    _, stage_id, workspace_bytes = plan.stage("bwd", stage)
+    grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    workspace = plan.workspace(workspace_bytes)
+    plan.library.run_backward(stage_id, plan.problem_pointer, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                              grad_out.data_ptr(), lse.data_ptr(), grad_q.data_ptr(), grad_k.data_ptr(),
+                              grad_v.data_ptr(), workspace.data_ptr() if workspace is not None else None,
+                              plan.stream(), deterministic)
     return grad_q, grad_k, grad_v
 
 
-@attention_backward.register_fake
-def _attention_backward_fake(grad_out, q, k, v, out, lse, causal=False, stage=""):
-    _check_inputs(q, k, v)
-    _check_saved(grad_out, q, out, lse)
+def _straight(q, k, v) -> bool:
+    """Whether a call may go straight to the implementation above instead of through the dispatcher,
+    which would only route it there: eager PyTorch (not torch.compile's tracing) on plain tensors
+    (not fake, functional or other subclasses, not meta) with no torch-function or dispatch mode
+    active (a profiler's, FakeTensorMode). Anything else takes the registered op."""
+    return (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor and not q.is_meta
+            and not torch.compiler.is_compiling() and not torch._C._is_torch_function_mode_enabled()
+            and not torch._C._len_torch_dispatch_stack())
+
+
+for _device in ("CPU", "CUDA"):
+    _library.impl("attention", _forward, _device)
+    _library.impl("attention_backward", _backward, _device)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::attention", lib=_library)
+def _forward_fake(q, k, v, causal=False, stage=""):
+    check_inputs(q, k, v, causal)
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::attention_backward", lib=_library)
+def _backward_fake(grad_out, q, k, v, out, lse, causal=False, stage="", deterministic=False):
+    check_inputs(q, k, v, causal)
+    check_saved(grad_out, q, out, lse)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, causal, _stage_name, backward_stage = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal = causal
-    ctx.backward_stage = backward_stage
-    ctx.mark_non_differentiable(lse)
+class _Attention(torch.autograd.Function):
+    """Autograd around the two ops (cheaper per call than an autograd kernel registered on the op)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, stage, backward_stage, deterministic):
+        out, lse = _forward(q, k, v, causal, stage) if _straight(q, k, v) else \
+            torch.ops.fa_course.attention.default(q, k, v, causal, stage)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal = causal
+        ctx.backward_stage = backward_stage
+        ctx.deterministic = deterministic
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
+        # dO arrives in whatever layout the graph above made (sum().backward() gives an expanded one)
+        if _straight(q, k, v):
+            grad_q, grad_k, grad_v = _backward(grad_out.contiguous(), q, k, v, out, lse, ctx.causal,
+                                               ctx.backward_stage, deterministic, saved_by_us=True)
+        else:
+            grad_q, grad_k, grad_v = torch.ops.fa_course.attention_backward.default(
+                grad_out.contiguous(), q, k, v, out, lse, ctx.causal, ctx.backward_stage, deterministic)
+        return grad_q, grad_k, grad_v, None, None, None, None
 
 
-def _backward(ctx, grad_out, _grad_lse):
-    q, k, v, out, lse = ctx.saved_tensors
-    # dO arrives in whatever layout the graph above made (sum().backward() gives an expanded one)
-    grad_q, grad_k, grad_v = attention_backward(grad_out.contiguous(), q, k, v, out, lse, ctx.causal,
-                                                ctx.backward_stage)
-    return grad_q, grad_k, grad_v, None, None, None
+def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                       stage: Optional[str] = None, backward_stage: Optional[str] = None,
+                       deterministic: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(O, LSE): attention (below) and the FP32 log-sum-exp (B, Hq, Nq), which is not differentiable."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        check_inputs(q, k, v)  # says which is not a tensor
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Attention.apply(q, k, v, bool(causal), stage or "", backward_stage or "", bool(deterministic))
+    if _straight(q, k, v):
+        return _forward(q, k, v, bool(causal), stage or "")
+    return torch.ops.fa_course.attention.default(q, k, v, bool(causal), stage or "")
 
 
-attention_with_lse.register_autograd(_backward, setup_context=_setup_context)
+def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       lse: torch.Tensor, causal: bool = False, stage: Optional[str] = None,
+                       deterministic: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) from the forward's O and LSE (attention_with_lse) and the gradient dO: the backward
+    pass alone, for callers that run their own autograd (fa_course.ring)."""
+    if _straight(q, k, v):
+        return _backward(grad_out, q, k, v, out, lse, bool(causal), stage or "", bool(deterministic))
+    return torch.ops.fa_course.attention_backward.default(grad_out, q, k, v, out, lse, bool(causal), stage or "",
+                                                          bool(deterministic))
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, stage: Optional[str] = None,
-              backward_stage: Optional[str] = None) -> torch.Tensor:
-    """softmax(Q K^T / sqrt(D)) V through the course's stages, differentiable in q, k and v (the
-    module docstring says what it takes and raises). `stage`, `backward_stage`: run these instead of
-    the automatic choice (a stage id, folder or number)."""
-    _check_types(q, k, v)
-    out, _ = attention_with_lse(q, k, v, causal, stage or "", backward_stage or "")
-    return out
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, *,
+              stage: Optional[str] = None, backward_stage: Optional[str] = None,
+              deterministic: bool = False) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(D)) V through the course's stages, differentiable in q, k and v.
+
+    q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D), contiguous: float16 or bfloat16 on a CUDA GPU, or
+    float32 on the CPU. `causal`: the bottom-right aligned mask. `stage`, `backward_stage`: run these
+    instead of the automatic choice (a stage id, folder or number). `deterministic`: dQ bitwise the
+    same from run to run (also when torch.use_deterministic_algorithms(True) is in force when the
+    backward pass runs). Raises TypeError or ValueError for a tensor it does not take,
+    UnsupportedProblem when no stage takes the problem, FaError when the library fails."""
+    return attention_with_lse(q, k, v, causal, stage, backward_stage, deterministic)[0]
 
 
-__all__ = ["attention", "attention_with_lse", "attention_backward", "chosen_stages", "UnsupportedProblem",
-           "NAMESPACE", "DTYPES"]
+__all__ = ["attention", "attention_with_lse", "attention_backward", "chosen_stages", "check_inputs", "UnsupportedProblem", "NAMESPACE",
+           "DTYPES"]

@@ -25,7 +25,7 @@ import functools
 from typing import List, Optional, Tuple
 
 from .capi import FaError, Library, Stage
-from .shapes import Problem
+from .problem import Problem
 
 
 class UnsupportedProblem(ValueError):

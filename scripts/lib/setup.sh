@@ -27,6 +27,11 @@ ensure_build_packages() {
   [ $cli -eq 1 ] || missing+=(libcli11-dev)
   [ $catch -eq 1 ] || missing+=(catch2)
   command -v cmake >/dev/null || missing+=(cmake)
+  # ccache only speeds builds up (fa_cmake_launchers): installed along when root, never required
+  [ ${#missing[@]} -gt 0 ] && ! command -v ccache >/dev/null && missing+=(ccache)
+  if [ ${#missing[@]} -eq 0 ] && ! command -v ccache >/dev/null && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    missing+=(ccache)
+  fi
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
     echo "Installing ${missing[*]} from the distribution's packages"
@@ -73,24 +78,72 @@ ensure_cmake_version() {
 }
 
 # The Python packages of requirements.txt, pinned, in .venv (PEP 668 systems refuse
-# system-wide pip), and the course's own package (python/, editable: `import fa_course` sees the
-# working tree). Reinstalled only when requirements.txt or python/pyproject.toml changes.
+# system-wide pip), and the checkout's python/ on its path (a .pth file), so that `import fa_course`
+# sees the working tree without building the library a second time: tests and scripts name the
+# checkout's build ($FA_CAPI_LIB). Reinstalled only when requirements.txt changes.
 ensure_venv() {
   local venv="$repo_root/.venv"
   if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv" || { echo "python3 -m venv failed: install python3-venv" >&2; exit 1; }
   fi
   local stamp
-  stamp=$(cat "$repo_root/requirements.txt" "$repo_root/python/pyproject.toml")
-  if [ "$stamp" != "$(cat "$venv/.requirements.txt" 2>/dev/null)" ] ||
-     ! "$venv/bin/python" -c "import fa_course" >/dev/null 2>&1; then
+  stamp=$(cat "$repo_root/requirements.txt")
+  if [ "$stamp" != "$(cat "$venv/.requirements.txt" 2>/dev/null)" ]; then
     "$venv/bin/pip" install -q --upgrade pip
+    "$venv/bin/pip" uninstall -q -y fa-course 2>/dev/null || true  # an editable install of an older checkout
     "$venv/bin/pip" install -q -r "$repo_root/requirements.txt"
-    # pip builds the editable install with setuptools (and wheel, for setuptools < 70.1), both in
-    # requirements.txt, so no build environment has to be downloaded.
-    "$venv/bin/pip" install -q --no-build-isolation -e "$repo_root/python"
     printf '%s' "$stamp" >"$venv/.requirements.txt"
   fi
+  "$venv/bin/python" -c 'import sys, sysconfig; open(sysconfig.get_path("purelib") + "/fa_course_checkout.pth", "w").write(sys.argv[1] + "\n")' \
+    "$repo_root/python"
+}
+
+# ccache in front of the compilers of a build folder configured afresh ($1; a folder keeps what it
+# was configured with), when ccache is installed: the package's wheel built after the course
+# (check_package_install) then compiles only what no build before it compiled with the same flags.
+# Paths under the repository are hashed relative to it, so two build folders share the cache.
+export CCACHE_BASEDIR="$repo_root"
+fa_cmake_launchers() {
+  if [ ! -f "$1/CMakeCache.txt" ] && command -v ccache >/dev/null; then
+    echo "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache"
+  fi
+}
+
+# The package as a user installs it: `pip wheel python/` builds the library with the course's CMake
+# (scikit-build-core) and packs it inside; the wheel goes into a fresh venv outside the repository,
+# and fa_course is imported from /tmp. The wheel is built with the preset folder's CUDA
+# architectures, warning flags and C++ compiler in build-wheel/ (beside the preset's folder: the same
+# relative paths), so with ccache it reuses the preset's compiles.
+check_package_install() {
+  local preset=$1 dir work start=$SECONDS architectures werror compiler log
+  dir=$(preset_binary_dir "$preset")
+  architectures=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$dir/CMakeCache.txt")
+  werror=$(sed -n 's/^FA_WERROR:[A-Z]*=//p' "$dir/CMakeCache.txt")
+  compiler=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$dir/CMakeCache.txt")
+  work=$(mktemp -d)
+  log="$repo_root/build-wheel/package.log"
+  mkdir -p "$repo_root/build-wheel"
+  echo "Checking the package a user installs: pip wheel python/ (CUDA architectures $architectures; log: build-wheel/package.log)"
+  # shellcheck disable=SC2046
+  if ! { CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$repo_root/.venv/bin/pip" wheel --no-build-isolation --no-deps \
+           -w "$work/wheel" "$repo_root/python" -C build-dir="$repo_root/build-wheel" \
+           -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$architectures" -C cmake.define.FA_WERROR="${werror:-OFF}" \
+           -C cmake.define.CMAKE_CXX_COMPILER="$compiler" \
+           $(fa_cmake_launchers "$repo_root/build-wheel" | sed 's/-D/-C cmake.define./g') &&
+         python3 -m venv "$work/venv" &&
+         "$work/venv/bin/pip" install -q --no-index "$work"/wheel/*.whl &&
+         (cd /tmp && "$work/venv/bin/python" -c "import fa_course; print(fa_course.attention, fa_course.__all__)
+lib = fa_course.Library()
+assert lib.path.startswith('$work/venv/'), lib.path
+print(len(lib.stages()), 'stages in', lib.path)"); } >"$log" 2>&1; then
+    tail -n 30 "$log" >&2
+    echo "The package did not build, install or import (the whole log: build-wheel/package.log)" >&2
+    rm -rf "$work"
+    return 1
+  fi
+  tail -n 3 "$log"
+  echo "Package built, installed in a fresh venv and imported from /tmp in $((SECONDS - start)) s"
+  rm -rf "$work"
 }
 
 # The "ci" preset (sm_75 and sm_90 only) without a GPU, else "default" (the GPU in this machine).
@@ -166,11 +219,44 @@ configure_and_build() {
   mkdir -p "$dir"
   [ -f "$dir/CMakeCache.txt" ] || echo "Configuring the $preset preset in ${dir#"$repo_root"/}/ (the first time takes a while: it looks for the compilers)"
   # shellcheck disable=SC2046
-  if ! cmake --preset "$preset" -S "$repo_root" $(generator_args "$dir") "${fa_cmake_args[@]}" \
+  if ! cmake --preset "$preset" -S "$repo_root" $(generator_args "$dir") $(fa_cmake_launchers "$dir") "${fa_cmake_args[@]}" \
     >"$dir/configure.log" 2>&1; then
     tail -n 30 "$dir/configure.log" >&2
     echo "Configuring the $preset preset failed (the whole log: ${dir#"$repo_root"/}/configure.log)" >&2
     return 1
   fi
   build_with_progress "$dir"
+}
+
+# The phases of a long command (scripts/test.sh): `phase "name"` prints a numbered title and ends
+# the phase before it; `phase_summary` (run on exit) prints how long each took. FA_PHASES is the
+# number of phases the command will announce.
+fa_phase_names=()
+fa_phase_seconds=()
+fa_phase_started=
+phase_end() {
+  [ -n "$fa_phase_started" ] || return 0
+  fa_phase_seconds+=($((SECONDS - fa_phase_started)))
+  fa_phase_started=
+}
+phase() {
+  phase_end
+  fa_phase_names+=("$1")
+  echo
+  echo "==> [${#fa_phase_names[@]}/${FA_PHASES:-?}] $1"
+  fa_phase_started=$SECONDS
+}
+phase_summary() {
+  local status=$? i
+  phase_end
+  [ ${#fa_phase_names[@]} -gt 0 ] || return 0
+  echo
+  echo "==> Time per phase:"
+  for i in "${!fa_phase_names[@]}"; do
+    printf '    %-60s %4d min %02d s\n' "${fa_phase_names[$i]}" $((${fa_phase_seconds[$i]:-0} / 60)) \
+      $((${fa_phase_seconds[$i]:-0} % 60))
+  done
+  printf '    %-60s %4d min %02d s\n' "total" $((SECONDS / 60)) $((SECONDS % 60))
+  [ "$status" -eq 0 ] || echo "==> Stopped in phase ${#fa_phase_names[@]} (exit status $status)"
+  return "$status"
 }

@@ -32,6 +32,7 @@ struct Options {
   Problem problem = Problem::square(1, 16, 32768, 128);
   std::string dtype = "bf16";
   bool backward = false;
+  int backward_stage = 11;
   int warmup = 2;
   int reps = 5;
 };
@@ -87,11 +88,19 @@ int run(const Options& options) {
     return kExitBadInput;
   }
   const Precision precision = options.dtype == "fp16" ? Precision::fp16 : Precision::bf16;
-  const LocalStages stages = default_local_stages(precision, device.compute_capability);
-  if (const std::string why = stage_unavailable_reason(stages.forward, device); !why.empty()) {
-    std::fprintf(stderr, "15_ring: %s\n", why.c_str());
+  if (options.backward_stage == 13 && device.compute_capability != 90) {
+    std::fprintf(stderr, "15_ring: --backward-stage 13 runs on an H100 or H200 (sm_90a) only; this is %s\n",
+                 device.name.c_str());
     return kExitNoDevice;
   }
+  const LocalStages stages = local_stages(precision, device.compute_capability, options.backward_stage);
+  for (const StageDescriptor* stage : {&stages.forward, &stages.backward}) {
+    if (const std::string why = stage_unavailable_reason(*stage, device); !why.empty()) {
+      std::fprintf(stderr, "15_ring: %s\n", why.c_str());
+      return kExitNoDevice;
+    }
+  }
+  std::printf("local stages: forward %s, backward %s\n", stages.forward.id, stages.backward.id);
   std::vector<int> devices(static_cast<size_t>(ranks), 0);
   if (options.gpus > 0) std::iota(devices.begin(), devices.end(), 0);
   std::unique_ptr<Ring> ring = options.gpus > 0 ? make_nccl_ring(devices, stages) : make_loopback_ring(ranks, stages);
@@ -257,6 +266,8 @@ int main(int argc, char** argv) {
   app.add_flag("--causal", options.problem.causal, "causal mask (zigzag balances it)");
   app.add_option("--dtype", options.dtype, "fp16 or bf16")->check(CLI::IsMember({"fp16", "bf16"}));
   app.add_flag("--backward", options.backward, "also check and time forward and backward (fwd+bwd)");
+  app.add_option("--backward-stage", options.backward_stage, "the local backward: 11 (sm_80+) or 13 (Hopper)")
+      ->check(CLI::IsMember({11, 13}));
   app.add_option("--warmup", options.warmup, "untimed runs")->check(CLI::Range(0, 1000));
   app.add_option("--reps", options.reps, "timed runs")->check(CLI::Range(1, 1000));
   try {

@@ -7,6 +7,8 @@
 #include <array>
 #include <cmath>
 #include <map>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -273,15 +275,26 @@ std::unique_ptr<Ring> make_loopback_ring(int ranks, const LocalStages& stages) {
                         std::make_unique<LoopbackTransport>(), true);
 }
 
-LocalStages default_local_stages(Precision precision, int compute_capability) {
+LocalStages local_stages(Precision precision, int compute_capability, int backward_stage) {
   const bool half = precision == Precision::fp16;
+  const bool hopper = compute_capability == 90;
+  if (backward_stage != 11 && backward_stage != 13) {
+    throw std::invalid_argument("the ring's backward stage is 11 or 13, not " + std::to_string(backward_stage));
+  }
+  if (backward_stage == 13 && !hopper) {
+    throw std::invalid_argument("stage 13's backward runs on an H100 or H200 (sm_90a) only; stage 11's runs here");
+  }
   LocalStages local;
-  if (compute_capability == 90) {
+  if (hopper) {
     local.forward = half ? stages::overlap_fp16() : stages::overlap_bf16();
   } else {
     local.forward = half ? stages::mma_registers_fp16() : stages::mma_registers_bf16();
   }
-  local.backward = half ? stages::backward_fp16() : stages::backward_bf16();
+  if (backward_stage == 13) {
+    local.backward = half ? stages::wgmma_backward_fp16() : stages::wgmma_backward_bf16();
+  } else {
+    local.backward = half ? stages::backward_fp16() : stages::backward_bf16();
+  }
   return local;
 }
 

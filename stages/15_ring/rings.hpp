@@ -15,12 +15,14 @@ namespace fa::ring {
 std::unique_ptr<Ring> make_host_ring(int ranks);
 
 // The local stages of one GPU rank (16-bit, the same precision): a forward that writes the LSE and
-// a backward. Hopper: stage 10 forward; otherwise stage 08's; backward stage 11's (pluggable).
+// a backward; the ring sees nothing else of them. Forward: stage 10's on Hopper (compute capability
+// 9.0), else stage 08's. Backward: stage `backward_stage`'s, 11 (any sm_80+ GPU) or 13 (Hopper only;
+// anything else throws std::invalid_argument with the reason).
 struct LocalStages {
   StageDescriptor forward;
   StageDescriptor backward;
 };
-LocalStages default_local_stages(Precision precision, int compute_capability);
+LocalStages local_stages(Precision precision, int compute_capability, int backward_stage = 11);
 
 // `ranks` virtual ranks on the current GPU, each with its own compute stream; every pass is a
 // device-to-device copy on one shared stream.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The results CSV the stage executables write (common/src/report.cpp) has exactly the columns of
-fa_course.schema.RESULTS_COLUMNS, and its row reads back through fa_course.results.
+fa_course.bench.schema.RESULTS_COLUMNS, and its row reads back through fa_course.bench.results.
 
 Runs the CPU stage once at a tiny size:  01_cpu --seq 8 --dim 4 --reps 1 --warmup 0 --csv FILE
 The executable: the first argument, else $FA_STAGE01_EXE, else the newest build*/bin/01_cpu; with none
@@ -18,7 +18,7 @@ import tempfile
 import unittest
 
 import _support
-from fa_course import results, schema
+from fa_course.bench import results, schema
 
 EXECUTABLE = None
 

@@ -5,7 +5,8 @@ import tempfile
 import unittest
 
 import _support  # noqa: F401  (puts the package on sys.path)
-from fa_course import data, results
+from fa_course import data
+from fa_course.bench import results
 
 
 def row(stage, ms, note="", **shape):

@@ -8,6 +8,7 @@ The rules are checked on the course's descriptors as a list (CourseLibrary), so 
 every machine; one test compares that list with the built library's own descriptors (it skips,
 saying so, when no library is built, and fails instead with FA_REQUIRE_LIB=1, as ctest sets it)."""
 
+import ast
 import os
 import subprocess
 import sys
@@ -179,14 +180,44 @@ class WithoutTorch(unittest.TestCase):
                               env=dict(os.environ, PYTHONPATH=os.path.join(_support.REPO, "python")))
 
     def test_the_package_imports_and_only_the_op_needs_torch(self):
-        done = self.run_python("import fa_course, fa_course.selection, fa_course.torch_runner\n"
+        """Without PyTorch the package imports, offers everything in __all__, and the op says what is
+        missing when called."""
+        done = self.run_python("import fa_course, fa_course.selection, fa_course.bench.torch_runner\n"
                                "assert 'fa_course.ops' not in sys.modules\n"
-                               "try:\n    import fa_course.ops\nexcept ImportError as e:\n    print('needs torch')\n")
+                               "missing = [n for n in fa_course.__all__ if not hasattr(fa_course, n)]\n"
+                               "assert not missing, missing\n"
+                               "try:\n    fa_course.attention(None, None, None)\n"
+                               "except ModuleNotFoundError as e:\n    print('needs torch:', e)\n"
+                               "try:\n    import fa_course.ops\nexcept ImportError as e:\n    print('ops needs torch')\n")
         self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertIn("needs torch", done.stdout)
+        self.assertIn("needs torch: fa_course's op needs PyTorch", done.stdout)
+        self.assertIn("ops needs torch", done.stdout)
+
+    def test_the_benchmark_tools_are_not_imported_by_the_op(self):
+        """fa_course.bench is for scripts and notebooks: neither the package nor the op imports it
+        (checked on the op's source, which needs PyTorch to import)."""
+        done = self.run_python("import fa_course\nprint(sorted(m for m in sys.modules if m.startswith('fa_course')))")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertNotIn("fa_course.bench", done.stdout)
+        package = os.path.join(_support.REPO, "python", "fa_course")
+        for name in ("ops.py", "capi.py", "selection.py", "problem.py", "__init__.py"):
+            with open(os.path.join(package, name), encoding="utf-8") as handle:
+                tree = ast.parse(handle.read())
+            imported = [f"{node.module or ''}.{alias.name}" for node in ast.walk(tree)
+                        if isinstance(node, ast.ImportFrom) for alias in node.names]
+            imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+            self.assertTrue(imported, name)
+            self.assertFalse([m for m in imported if "bench" in m], name)
 
     def test_the_training_example_refuses_clearly(self):
         script = os.path.join(_support.REPO, "scripts", "train_attention.py")
+        done = self.run_python(f"import runpy; sys.argv = [{script!r}]; runpy.run_path({script!r}, "
+                               f"run_name='__main__')")
+        self.assertEqual(done.returncode, 2, done.stderr)
+        self.assertIn("PyTorch is needed", done.stderr)
+
+    def test_the_overhead_benchmark_refuses_clearly(self):
+        script = os.path.join(_support.REPO, "scripts", "op_overhead.py")
         done = self.run_python(f"import runpy; sys.argv = [{script!r}]; runpy.run_path({script!r}, "
                                f"run_name='__main__')")
         self.assertEqual(done.returncode, 2, done.stderr)

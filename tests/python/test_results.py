@@ -6,7 +6,7 @@ import tempfile
 import unittest
 
 import _support
-from fa_course import results, schema
+from fa_course.bench import results, schema
 
 LEGACY = """stage,gpu,B,H,N,D,dtype,causal,ms_median,ms_min,tflops,gbps,peak_bytes,max_abs_err,rel_l2_err,status,source_hash,note
 02_naive_gpu,NVIDIA H200,32,16,512,128,fp32,0,78.3967,78.3064,0.87656,6.84813,1073741824,8.59139e-08,4.11805e-07,ok,8ae897dc0b39097d,

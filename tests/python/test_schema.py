@@ -4,7 +4,7 @@ import itertools
 import unittest
 
 import _support  # noqa: F401  (puts the package on sys.path)
-from fa_course import schema
+from fa_course.bench import schema
 
 
 def brute_pairs(q_seq, kv_seq, causal):

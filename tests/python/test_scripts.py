@@ -9,7 +9,8 @@ import tempfile
 import unittest
 
 import _support
-from fa_course import Problem, capi, results
+from fa_course import Problem, capi
+from fa_course.bench import results
 
 SCRIPTS = os.path.join(_support.REPO, "scripts")
 

@@ -1,4 +1,5 @@
-"""Problems and presets, the library loader's search and errors, and the package without PyTorch."""
+"""Problems and presets, which library loads (explicitly named, or the installed one: never a build
+folder found by searching) and its errors, and the package without PyTorch."""
 
 import ctypes
 import os
@@ -9,7 +10,9 @@ import unittest
 from unittest import mock
 
 import _support
-from fa_course import Problem, capi, parse_problem, parse_shapes, shapes
+from fa_course import Problem, capi
+from fa_course.bench import shapes
+from fa_course.bench.shapes import parse_problem, parse_shapes
 
 
 class Problems(unittest.TestCase):
@@ -71,13 +74,26 @@ class Loader(unittest.TestCase):
                 capi.find_library()
         self.assertIn("FA_CAPI_LIB", str(caught.exception))
 
-    def test_nothing_built_names_the_search(self):
+    def test_without_a_name_the_installed_library_and_never_a_build_folder(self):
+        """A build folder beside the package or in the working directory is not looked at: only the
+        library installed inside the package, and the message says how to name another."""
         with tempfile.TemporaryDirectory() as folder, mock.patch.dict(os.environ, {}, clear=False), \
-                mock.patch.object(capi, "REPO_ROOT", folder), mock.patch("os.getcwd", return_value=folder):
+                mock.patch.object(capi, "INSTALLED_LIBRARY", os.path.join(folder, "fa_course", "libfa_capi.so")), \
+                mock.patch("os.getcwd", return_value=folder):
             os.environ.pop("FA_CAPI_LIB", None)
+            os.makedirs(os.path.join(folder, "build", "lib"))
+            open(os.path.join(folder, "build", "lib", "libfa_capi.so"), "w").close()
             with self.assertRaises(capi.LibraryNotFoundError) as caught:
                 capi.find_library()
-        self.assertIn(os.path.join(folder, "build*", "lib", "libfa_capi.so"), str(caught.exception))
+            message = str(caught.exception)
+            self.assertIn(os.path.join(folder, "fa_course", "libfa_capi.so"), message)
+            self.assertIn("FA_CAPI_LIB", message)
+            self.assertIn("pip install", message)
+            os.makedirs(os.path.join(folder, "fa_course"))
+            open(os.path.join(folder, "fa_course", "libfa_capi.so"), "w").close()
+            self.assertEqual(capi.find_library(), os.path.join(folder, "fa_course", "libfa_capi.so"))
+            self.assertEqual(capi.find_library(os.path.join(folder, "build", "lib")),
+                             os.path.join(folder, "build", "lib", "libfa_capi.so"))
 
     def test_a_file_that_is_not_the_library(self):
         with tempfile.NamedTemporaryFile(suffix=".so") as handle:
@@ -114,7 +130,7 @@ class WithoutTorch(unittest.TestCase):
         """Importing fa_course (and torch_runner) must not import torch; asking for it raises
         TorchUnavailable with a message when torch is missing."""
         code = ("import sys; sys.modules['torch'] = None\n"
-                "import fa_course, fa_course.torch_runner as r\n"
+                "import fa_course, fa_course.bench.torch_runner as r\n"
                 "try:\n    r.load_sdpa()\nexcept r.TorchUnavailable as e:\n    print('unavailable:', e)\n")
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               env=dict(os.environ, PYTHONPATH=os.path.join(_support.REPO, "python")))

@@ -1,11 +1,11 @@
-"""fa_course.torch_gpu's pause after giving memory back, on a stand-in for torch (no GPU needed)."""
+"""fa_course.bench.torch_gpu's pause after giving memory back, on a stand-in for torch (no GPU needed)."""
 
 import types
 import unittest
 from unittest import mock
 
 import _support  # noqa: F401  (the package on sys.path)
-from fa_course import torch_gpu
+from fa_course.bench import torch_gpu
 
 GIB = 2**30
 

@@ -16,7 +16,8 @@ import unittest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "python"))
 
-from fa_course import data, results  # noqa: E402
+from fa_course import data  # noqa: E402
+from fa_course.bench import results  # noqa: E402
 
 
 def _load(name, path):

@@ -1,8 +1,9 @@
-"""fa_course.ops, the course's attention as a PyTorch operator: forward and backward passes against
-PyTorch's SDPA in float64 (computed here from the same rounded inputs, never typed in), on square,
-causal, grouped-query and Nq != Nk problems; torch.library.opcheck; torch.compile(fullgraph=True)
-with no graph break (torch._dynamo.explain); CUDA-graph capture and replay; and the errors a wrong
-tensor gets.
+"""fa_course.attention (fa_course.ops), the course's attention as a PyTorch operator: forward and
+backward passes against PyTorch's SDPA in float64 (computed here from the same rounded inputs, never
+typed in), on square, causal, grouped-query and Nq != Nk problems; torch.library.opcheck of the two
+registered ops; torch.compile(fullgraph=True) with no graph break (torch._dynamo.explain);
+CUDA-graph capture and replay; the deterministic backward; and the errors a wrong tensor gets, also
+on a call whose kind the op has seen before (its checks' verdict is kept per kind of call).
 
 Two halves, each a ctest of its own (tests/python_tests.cmake runs them through run.py):
 
@@ -182,15 +183,18 @@ class OpChecks:
                                       f"{torch_error:.3e}), {where}")
 
     def test_opcheck(self, ops):  # the fixture registers torch.ops.fa_course
+        """The two ops as torch.compile sees them (schema, fake tensors, dispatch). Autograd is not
+        theirs but fa_course.attention's (an autograd.Function around them), which the gradient
+        tests check, so the inputs here do not require grad."""
         if not hasattr(torch.library, "opcheck"):
             pytest.skip(f"PyTorch {torch.__version__} has no torch.library.opcheck")
         dtype = self.dtypes[-1]  # BF16 on the GPU: opcheck's tolerance holds dQ's atomics' last-bit differences
         q, k, v, grad_out = make_problem((1, 4, 2, 40, 56, 64), dtype, self.device)
-        leaves = [t.requires_grad_() for t in (q, k, v)]
-        torch.library.opcheck(torch.ops.fa_course.attention.default, tuple(leaves), {"causal": True})
+        torch.library.opcheck(torch.ops.fa_course.attention.default, (q, k, v), {"causal": True})
         out, lse = torch.ops.fa_course.attention(q, k, v, True)
-        torch.library.opcheck(torch.ops.fa_course.attention_backward.default,
-                              (grad_out, q.detach(), k.detach(), v.detach(), out.detach(), lse, True))
+        for deterministic in (False, True):
+            torch.library.opcheck(torch.ops.fa_course.attention_backward.default,
+                                  (grad_out, q, k, v, out, lse, True, "", deterministic))
 
     def test_the_lse_is_not_differentiable(self, ops):
         q, k, v, _ = make_problem((1, 2, 2, 16, 16, 32), self.dtypes[0], self.device)
@@ -259,6 +263,16 @@ class OpChecks:
         with pytest.raises(error, match=text):
             ops.attention(*make_arguments(q, k, v))
 
+    def test_a_wrong_tensor_is_refused_after_a_right_one_of_the_same_kind(self, ops):
+        """The op keeps its checks' verdict per (shapes, dtypes, devices, causal): contiguity, which
+        that key does not hold, is checked at every call."""
+        q, k, v, _ = make_problem((1, 4, 2, 16, 16, 32), self.dtypes[0], self.device)
+        ops.attention(q, k, v)
+        strided = q.transpose(1, 2).contiguous().transpose(1, 2)
+        assert strided.shape == q.shape
+        with pytest.raises(ValueError, match="contiguous"):
+            ops.attention(strided, k, v)
+
     def test_a_problem_no_stage_takes_is_refused_with_the_library_reason(self, ops):
         q, k, v, _ = make_problem((1, 4, 2, 16, 16, 32), self.dtypes[0], self.device)
         with pytest.raises(ops.UnsupportedProblem, match="head dim"):  # the library's own reason
@@ -294,6 +308,7 @@ class TestCpuOp(OpChecks):
         import fa_course
 
         assert fa_course.attention is ops.attention
+        assert {"attention", "Library", "Problem", "FaError", "UnsupportedProblem"} <= set(fa_course.__all__)
 
     def test_cuda_dtypes_on_the_cpu_are_refused(self, ops):
         q = torch.zeros(1, 1, 4, 16, dtype=torch.float16)
@@ -349,18 +364,25 @@ class TestGpuOp(OpChecks):
         torch.cuda.synchronize()  # the context is still healthy
 
     def test_deterministic_algorithms_make_the_gradients_bitwise_repeatable(self, ops):
-        # torch.use_deterministic_algorithms(True): 11_backward's dQ pass instead of atomics. Four
-        # query heads a group and six key tiles: the atomics would add each dQ element in any order.
+        # attention(..., deterministic=True), or torch.use_deterministic_algorithms(True): 11_backward's
+        # dQ pass instead of atomics. Four query heads a group and six key tiles: the atomics would add
+        # each dQ element in any order.
         q, k, v, grad_out = make_problem((2, 8, 2, 300, 700, 128), torch.float16, "cuda", seed=3)
+
+        def deterministic(q, k, v, causal):
+            return ops.attention(q, k, v, causal, deterministic=True)
+
+        first = gradients(deterministic, q, k, v, grad_out, True)
+        second = gradients(deterministic, q, k, v, grad_out, True)
         previous = torch.are_deterministic_algorithms_enabled()
         torch.use_deterministic_algorithms(True)
         try:
-            first = gradients(ops.attention, q, k, v, grad_out, True)
-            second = gradients(ops.attention, q, k, v, grad_out, True)
+            third = gradients(ops.attention, q, k, v, grad_out, True)
         finally:
             torch.use_deterministic_algorithms(previous)
-        for name, a, b in zip(("O", "dQ", "dK", "dV"), first, second):
+        for name, a, b, c in zip(("O", "dQ", "dK", "dV"), first, second, third):
             assert torch.equal(a, b), f"{name} differs between two deterministic runs"
+            assert torch.equal(a, c), f"{name}: deterministic=True and use_deterministic_algorithms differ"
         with_atomics = gradients(ops.attention, q, k, v, grad_out, True)
         for name, a, b in zip(("O", "dQ", "dK", "dV"), first, with_atomics):
             torch.testing.assert_close(a, b, msg=f"{name}: deterministic vs atomics")

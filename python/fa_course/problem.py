@@ -1,19 +1,59 @@
-"""Attention problems: the general (B, Hq, Hkv, Nq, Nk, D, causal) shape of design.md, the names the
-benchmarks and READMEs use for sets of them (presets), and their text form on command lines.
+"""An attention problem: the general (B, Hq, Hkv, Nq, Nk, D, causal) shape of design.md, its text
+form, and what it costs (the FLOP and byte counts every results row is computed from, written
+once here); what the library's calls take and what fa_course.attention derives from its tensors.
 
     >>> Problem.square(4, 16, 4096, 128)
     Problem(batch=4, q_heads=16, kv_heads=16, q_seq=4096, kv_seq=4096, dim=128, causal=False)
-    >>> parse_problem("1x32x8x4x65536x128").describe()
+    >>> Problem(1, 32, 8, 4, 65536, 128).describe()
     'B=1 Hq=32 Hkv=8 Nq=4 Nk=65536 D=128'
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Tuple
 
-from . import schema
+# bytes per element of each precision
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def causal_key_end(row, q_seq, kv_seq):
+    """Keys [0, end) that query row `row` sees under the bottom-right-aligned causal mask
+    (common/include/fa/causal.hpp)."""
+    return max(0, min(kv_seq, row + 1 + kv_seq - q_seq))
+
+
+def attention_pairs(q_seq, kv_seq, causal):
+    """(query, key) pairs that count: Nq·Nk; causal, Nq·Nk/2 for a square problem (the published
+    convention) and the exact number of unmasked pairs otherwise."""
+    if not causal:
+        return q_seq * kv_seq
+    if q_seq == kv_seq:
+        return q_seq * kv_seq / 2
+    # Rows from max(0, Nq - Nk) on see start, start + 1, ... keys (never past Nk: the last row
+    # sees exactly Nk): the sum of causal_key_end in closed form.
+    seeing_rows = min(q_seq, kv_seq)
+    start = causal_key_end(q_seq - seeing_rows, q_seq, kv_seq)
+    return seeing_rows * start + seeing_rows * (seeing_rows - 1) // 2
+
+
+def attention_flops(batch, q_heads, q_seq, kv_seq, dim, causal, pass_="fwd"):
+    """Forward 4·B·Hq·pairs·D; backward 2.5 times that; fwd+bwd 3.5 times."""
+    forward = 4.0 * batch * q_heads * attention_pairs(q_seq, kv_seq, causal) * dim
+    return {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}[pass_] * forward
+
+
+def minimum_bytes(batch, q_heads, kv_heads, q_seq, kv_seq, dim, dtype, pass_="fwd", with_lse=False):
+    """The fewest bytes any implementation moves (common/src/problem.cpp): forward reads Q, K, V
+    and writes O (and the FP32 LSE when asked); backward reads Q, K, V, O, dO, LSE and writes dQ,
+    dK, dV."""
+    width = ELEMENT_BYTES[dtype]
+    q_bytes = batch * q_heads * q_seq * dim * width
+    kv_bytes = batch * kv_heads * kv_seq * dim * width
+    lse_bytes = batch * q_heads * q_seq * 4
+    forward = 2 * q_bytes + 2 * kv_bytes + (lse_bytes if with_lse else 0)
+    backward = 4 * q_bytes + 4 * kv_bytes + lse_bytes
+    return {"fwd": forward, "bwd": backward, "fwd+bwd": forward + backward}[pass_]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +93,7 @@ class Problem:
 
     @classmethod
     def from_row(cls, row: dict) -> "Problem":
-        """The problem of a results or traffic row (schema.RESULTS_COLUMNS)."""
+        """The problem of a results or traffic row (fa_course.bench.schema.RESULTS_COLUMNS)."""
         return cls(int(row["B"]), int(row["Hq"]), int(row["Hkv"]), int(row["Nq"]), int(row["Nk"]), int(row["D"]),
                    bool(int(row["causal"])))
 
@@ -105,13 +145,13 @@ class Problem:
             return f"q_heads = {self.q_heads} is not a multiple of kv_heads = {self.kv_heads}"
         return ""
 
-    # ---- the schema's counts -------------------------------------------------------------------
+    # ---- the counts of a results row --------------------------------------------------------------
     def flops(self, pass_: str = "fwd") -> float:
-        return schema.attention_flops(self.batch, self.q_heads, self.q_seq, self.kv_seq, self.dim, self.causal, pass_)
+        return attention_flops(self.batch, self.q_heads, self.q_seq, self.kv_seq, self.dim, self.causal, pass_)
 
     def minimum_bytes(self, dtype: str, pass_: str = "fwd", with_lse: bool = False) -> int:
-        return schema.minimum_bytes(self.batch, self.q_heads, self.kv_heads, self.q_seq, self.kv_seq, self.dim, dtype,
-                                    pass_, with_lse)
+        return minimum_bytes(self.batch, self.q_heads, self.kv_heads, self.q_seq, self.kv_seq, self.dim, dtype, pass_,
+                             with_lse)
 
     def row_fields(self) -> Dict[str, int]:
         """The shape columns of a results row."""
@@ -136,69 +176,4 @@ class Problem:
         return f"{self.batch}x{self.q_heads}x{self.kv_heads}x{self.q_seq}x{self.kv_seq}x{self.dim}"
 
 
-def _square(values: Iterable[Tuple[int, int, int, int]]) -> List[Problem]:
-    return [Problem.square(*v) for v in values]
-
-
-# The benchmark shapes by the names READMEs use (design.md, "Benchmarks, data, plots").
-PRESETS: Dict[str, List[Problem]] = {
-    # the standard sweep: D = 128, H = 16, B·N = 16384 (and the same at D = 64)
-    "seed001": _square([(32, 16, 512, 128), (16, 16, 1024, 128), (8, 16, 2048, 128), (4, 16, 4096, 128),
-                        (2, 16, 8192, 128), (1, 16, 16384, 128)]),
-    "seed001-d64": _square([(32, 16, 512, 64), (16, 16, 1024, 64), (8, 16, 2048, 64), (4, 16, 4096, 64),
-                            (2, 16, 8192, 64), (1, 16, 16384, 64)]),
-    # the standard sweep from N = 2048 at the other head dims of stage 08's issue (64, 96, 192, 256)
-    "sweep-head-dims": _square([(16384 // n, 16, n, d) for d in (64, 96, 192, 256) for n in (2048, 4096, 8192, 16384)]),
-    # the large-head shapes
-    "seed004": _square([(1, 64, 1024, 128), (2, 64, 4096, 128), (4, 64, 8192, 128)]),
-    # the sequence-length sweeps at B = H = 1, up to N = 2^17
-    "sweep-d64": _square([(1, 1, 2**k, 64) for k in range(8, 18)]),
-    "sweep-d128": _square([(1, 1, 2**k, 128) for k in range(8, 18)]),
-    # a quick smoke test: N and D not multiples of any tile, and a D (100) that flash refuses
-    "small": _square([(1, 1, 64, 64), (2, 3, 257, 72), (1, 2, 1000, 100)]),
-    # grouped-query attention (8 query heads per key/value head) and multi-query attention
-    "gqa": [Problem(4, 32, 8, 4096, 4096, 128)],
-    "mqa": [Problem(4, 32, 1, 4096, 4096, 128)],
-    # decoding: a few new queries against a long cache of keys and values
-    "decode": [Problem(1, 32, 8, nq, nk, 128) for nk in (4096, 65536) for nq in (1, 4, 16)],
-    # the decoding sweep of stage 12 (its issue): B in {1, 4, 16}, Nq in {1, 4, 16}, Nk from 4096 to 262144
-    "decode-sweep": [Problem(b, 32, 8, nq, nk, 128) for b in (1, 4, 16) for nk in (4096, 16384, 65536, 262144)
-                     for nq in (1, 4, 16)],
-    # a quick smoke test of the general shapes: groups, Nq < Nk, Nq > Nk (with causal masking the
-    # first Nq - Nk rows see no key), odd sizes
-    "small-general": [Problem(1, 4, 2, 64, 100, 64), Problem(2, 6, 3, 33, 257, 72), Problem(1, 8, 1, 1, 1000, 128),
-                      Problem(1, 2, 1, 100, 40, 64)],
-}
-
-_SPEC = re.compile(r"\d+(x\d+){3}|\d+(x\d+){5}")
-
-
-def parse_problem(text: str) -> Problem:
-    """'BxHxNxD' (square) or 'BxHqxHkvxNqxNkxD' (general), non-causal."""
-    text = text.strip()
-    if not _SPEC.fullmatch(text):
-        raise ValueError(f"'{text}' is not BxHxNxD or BxHqxHkvxNqxNkxD")
-    problem = Problem.of(int(x) for x in text.split("x"))
-    reason = problem.validate()
-    if reason:
-        raise ValueError(f"'{text}': {reason}")
-    return problem
-
-
-def parse_shapes(items) -> List[Problem]:
-    """Presets and shape specs, given as a list and/or separated by commas, in order."""
-    if isinstance(items, str):
-        items = [items]
-    problems = []
-    for item in (part.strip() for group in items for part in group.split(",")):
-        if not item:
-            continue
-        if item in PRESETS:
-            problems.extend(PRESETS[item])
-        else:
-            try:
-                problems.append(parse_problem(item))
-            except ValueError as error:
-                raise ValueError(f"unknown shape '{item}': use a preset ({', '.join(PRESETS)}), BxHxNxD or "
-                                 f"BxHqxHkvxNqxNkxD ({error})") from None
-    return problems
+__all__ = ["Problem", "ELEMENT_BYTES", "attention_flops", "attention_pairs", "causal_key_end", "minimum_bytes"]

@@ -17,7 +17,7 @@ Every output, ours and PyTorch's, is compared with a float64 reference computed 
 same (already rounded) inputs, on sampled heads and rows (our LSE too, where the stage writes one).
 Times come from CUDA events: a first call (also the correctness sample), warm-up calls, then the
 median and minimum of timed calls; where the inputs fit in L2 the cache is flushed before every
-timed call (flush_l2='auto'). Rows follow fa_course.schema and are merged into the results CSV (a
+timed call (flush_l2='auto'). Rows follow fa_course.bench.schema and are merged into the results CSV (a
 row replaces the one with the same key).
 
 run(..., pass_='bwd') measures the backward pass alone instead: our stages with a backward pass

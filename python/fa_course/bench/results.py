@@ -1,7 +1,7 @@
 """Reading and writing the CSV files of design.md ("Results CSV") with the columns of schema.py; no
 pandas needed (pandas.DataFrame(read_results(path)) gives a frame).
 
-    from fa_course import results
+    from fa_course.bench import results
     rows = results.read_results("plots/data/NVIDIA_H200/torch.csv")   # list of dicts
     rows[0]["Hq"], rows[0]["pass"], rows[0]["tflops"]                    # 16, 'fwd', 285.342
     results.merge_results(path, new_rows)   # replaces rows with the same key, adds the others

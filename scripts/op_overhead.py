@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""What fa_course.attention costs beyond its kernels: the op beside PyTorch's SDPA and beside the
+bare C ABI call of the same stage, in one process on one GPU.
+
+  python3 scripts/op_overhead.py                    # BF16; the installed package, from any directory
+  python3 scripts/op_overhead.py --check            # exit 1 when a budget below is missed
+
+Two measurements, both printed as one table:
+
+  host µs per call   at a tiny problem (--tiny, default 1x2x128x64), where the GPU work is shorter
+                     than the host's: the wall time of --calls calls in a row, without
+                     synchronizing, divided by their number (a synchronize before and after, outside
+                     the timed loop). Forward alone, then forward + backward (torch.autograd.grad).
+                     Budgets: the op at most SDPA's + 10 µs (forward) and + 50 µs (forward + backward).
+  event ms per call  at --large (default 8x16x2048x128): CUDA events around each call, the median
+                     of --reps calls after warm-up. Budget: the op within 3 % of the bare call.
+
+"bare" is the library's own entry point (fa_forward_v2, fa_backward_v2 through ctypes) on tensors
+allocated once, with its argument struct built once: what a caller pays who does all the work
+of the op (checks, stage choice, allocation) once, outside the loop. The stages are the op's
+choice (fa_course.chosen_stages), so all three run the same kernels where SDPA is not involved.
+Needs PyTorch and a CUDA GPU (sm_80 or newer); inside a checkout without installing the package:
+PYTHONPATH=python FA_CAPI_LIB=build/lib/libfa_capi.so python3 scripts/op_overhead.py.
+"""
+
+import argparse
+import ctypes
+import statistics
+import sys
+import time
+
+PROGRAM = "op_overhead"
+
+
+def die(message):
+    print(f"{PROGRAM}: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_shape(text):
+    values = tuple(int(x) for x in text.split("x"))
+    if len(values) != 4 or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not BxHxNxD")
+    return values
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    parser.add_argument("--tiny", type=parse_shape, default=(1, 2, 128, 64), help="BxHxNxD of the host timing")
+    parser.add_argument("--large", type=parse_shape, default=(8, 16, 2048, 128), help="BxHxNxD of the event timing")
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--calls", type=int, default=2000, help="calls per host timing (default: %(default)s)")
+    parser.add_argument("--reps", type=int, default=50, help="event-timed calls (default: %(default)s)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a budget is missed")
+    return parser.parse_args(argv)
+
+
+class Bare:
+    """The op's stages called through the C ABI with everything prepared once: tensors, the
+    workspaces, the argument structs (their pointers never change), the stream."""
+
+    def __init__(self, torch, fa_course, q, k, v, causal):
+        from fa_course import capi, ops
+
+        plan = ops.plan_for(q, k, v, causal)
+        forward, self.forward_id, forward_bytes = plan.stage("fwd", "")
+        backward, self.backward_id, backward_bytes = plan.stage("bwd", "")
+        self.stages = (forward.id, backward.id)
+        self.function_forward = plan.library.handle.fa_forward_v2
+        self.function_backward = plan.library.handle.fa_backward_v2
+        self.out, self.grad_out = torch.empty_like(q), torch.randn_like(q)
+        self.lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
+        self.grads = [torch.empty_like(t) for t in (q, k, v)]
+        self.workspaces = [torch.empty(max(n, 1), dtype=torch.uint8, device=q.device)
+                           for n in (forward_bytes, backward_bytes)]
+        stream = torch.cuda.current_stream().cuda_stream
+        self.forward_args = capi.FaForwardArgs(ctypes.sizeof(capi.FaForwardArgs), plan.problem_pointer, q.data_ptr(),
+                                               k.data_ptr(), v.data_ptr(), self.out.data_ptr(), self.lse.data_ptr(),
+                                               self.workspaces[0].data_ptr() if forward_bytes else None, stream)
+        self.backward_args = capi.FaBackwardArgs(
+            ctypes.sizeof(capi.FaBackwardArgs), plan.problem_pointer, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+            self.out.data_ptr(), self.grad_out.data_ptr(), self.lse.data_ptr(),
+            *(g.data_ptr() for g in self.grads), self.workspaces[1].data_ptr() if backward_bytes else None, stream)
+        self.library = plan.library
+
+    def forward(self):
+        if self.function_forward(self.forward_id, self.forward_args) != 0:
+            raise RuntimeError(self.library.last_error())
+
+    def forward_backward(self):
+        self.forward()
+        if self.function_backward(self.backward_id, self.backward_args) != 0:
+            raise RuntimeError(self.library.last_error())
+
+
+def host_us(torch, call, calls):
+    """Wall microseconds per call over `calls` calls in a row, without synchronizing in between."""
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def event_ms(torch, call, reps):
+    """Median milliseconds between CUDA events recorded just before and just after each call."""
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def calls_for(torch, fa_course, shape, dtype, causal):
+    """{name: (forward call, forward + backward call)} for the op, SDPA and the bare C ABI calls."""
+    batch, heads, seq, dim = shape
+    q, k, v = (torch.randn(batch, heads, seq, dim, device="cuda", dtype=dtype) for _ in range(3))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    grad_out = torch.randn_like(q)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    bare = Bare(torch, fa_course, q, k, v, causal)
+
+    def op_forward():
+        return fa_course.attention(q, k, v, causal)
+
+    def op_training():
+        return torch.autograd.grad(fa_course.attention(*leaves, causal), leaves, grad_out)
+
+    def sdpa_forward():
+        return sdpa(q, k, v, is_causal=causal)
+
+    def sdpa_training():
+        return torch.autograd.grad(sdpa(*leaves, is_causal=causal), leaves, grad_out)
+
+    return {"op": (op_forward, op_training), "SDPA": (sdpa_forward, sdpa_training),
+            "bare": (bare.forward, bare.forward_backward)}, bare.stages
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        import torch
+    except ImportError as error:
+        die(f"PyTorch is needed ({error}); run this on the GPU machine")
+    if not torch.cuda.is_available():
+        die(f"PyTorch {torch.__version__} sees no CUDA GPU")
+    import fa_course
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    try:
+        tiny, stages = calls_for(torch, fa_course, args.tiny, dtype, args.causal)
+        large, _ = calls_for(torch, fa_course, args.large, dtype, args.causal)
+    except (fa_course.LibraryNotFoundError, fa_course.UnsupportedProblem) as error:
+        die(str(error))
+    with torch.no_grad():
+        forward_us = {name: host_us(torch, calls[0], args.calls) for name, calls in tiny.items()}
+        forward_ms = {name: event_ms(torch, calls[0], args.reps) for name, calls in large.items()}
+    training_us = {name: host_us(torch, calls[1], args.calls // 4) for name, calls in tiny.items()}
+    training_ms = {name: event_ms(torch, calls[1], args.reps) for name, calls in large.items()}
+
+    tiny_text, large_text = ("x".join(map(str, s)) for s in (args.tiny, args.large))
+    print(f"{torch.cuda.get_device_name()}; PyTorch {torch.__version__}; {fa_course.load().path}; {args.dtype}"
+          f"{' causal' if args.causal else ''}; stages {stages[0]} (forward), {stages[1]} (backward)")
+    rows = [
+        (f"host us, forward, {tiny_text}", forward_us, "op <= SDPA + 10 us",
+         forward_us["op"] <= forward_us["SDPA"] + 10),
+        (f"host us, fwd+bwd, {tiny_text}", training_us, "op <= SDPA + 50 us",
+         training_us["op"] <= training_us["SDPA"] + 50),
+        (f"event ms, forward, {large_text}", forward_ms, "op <= bare x 1.03",
+         forward_ms["op"] <= forward_ms["bare"] * 1.03),
+        (f"event ms, fwd+bwd, {large_text}", training_ms, "op <= bare x 1.03",
+         training_ms["op"] <= training_ms["bare"] * 1.03),
+    ]
+    print(f"{'':34} {'op':>9} {'SDPA':>9} {'bare':>9}  budget")
+    for label, values, budget, met in rows:
+        print(f"{label:34} {values['op']:9.3f} {values['SDPA']:9.3f} {values['bare']:9.3f}  {budget}: "
+              f"{'met' if met else 'MISSED'}")
+    if args.check and not all(met for *_, met in rows):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
