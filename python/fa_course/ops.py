@@ -196,6 +196,8 @@ def _capability(device_index: int) -> int:
 
 _plans: Dict[tuple, Plan] = {}
 _plans_lock = threading.Lock()
+# Plans kept at most (a few hundred bytes each); past that they are made afresh, as on a first call.
+MAX_PLANS = 4096
 
 
 def plan_for(q, k, v, causal: bool) -> Plan:
@@ -208,6 +210,8 @@ def plan_for(q, k, v, causal: bool) -> Plan:
         with _plans_lock:
             plan = _plans.get(key)
             if plan is None:
+                if len(_plans) >= MAX_PLANS:
+                    _plans.clear()
                 plan = Plan(capi.load(), problem, q.device, q.dtype)
                 _plans[key] = plan
     elif not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
@@ -247,13 +251,16 @@ def _forward(q, k, v, causal=False, stage=""):
     return out, lse
 
 
-def _backward(grad_out, q, k, v, out, lse, causal=False, stage="", deterministic=False):
-    """(dQ, dK, dV) of the chosen backward stage from the forward's O and LSE and the gradient dO."""
+def _backward(grad_out, q, k, v, out, lse, causal=False, stage="", deterministic=False, saved_by_us=False):
+    """(dQ, dK, dV) of the chosen backward stage from the forward's O and LSE and the gradient dO.
+    `saved_by_us`: O and LSE are the forward's own and dO autograd's, made contiguous (_Attention),
+    so their checks would only repeat what holds by construction."""
     plan = plan_for(q, k, v, causal)
     if plan.elsewhere():
         with torch.cuda.device(plan.device_index):
-            return _backward(grad_out, q, k, v, out, lse, causal, stage, deterministic)
-    check_saved(grad_out, q, out, lse)
+            return _backward(grad_out, q, k, v, out, lse, causal, stage, deterministic, saved_by_us)
+    if not saved_by_us:
+        check_saved(grad_out, q, out, lse)
     _, stage_id, workspace_bytes = plan.stage("bwd", stage)
     grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     workspace = plan.workspace(workspace_bytes)
@@ -311,9 +318,12 @@ class _Attention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
         # dO arrives in whatever layout the graph above made (sum().backward() gives an expanded one)
-        backward = _backward if _straight(q, k, v) else torch.ops.fa_course.attention_backward.default
-        grad_q, grad_k, grad_v = backward(grad_out.contiguous(), q, k, v, out, lse, ctx.causal, ctx.backward_stage,
-                                          deterministic)
+        if _straight(q, k, v):
+            grad_q, grad_k, grad_v = _backward(grad_out.contiguous(), q, k, v, out, lse, ctx.causal,
+                                               ctx.backward_stage, deterministic, saved_by_us=True)
+        else:
+            grad_q, grad_k, grad_v = torch.ops.fa_course.attention_backward.default(
+                grad_out.contiguous(), q, k, v, out, lse, ctx.causal, ctx.backward_stage, deterministic)
         return grad_q, grad_k, grad_v, None, None, None, None
 
 
