@@ -47,8 +47,9 @@ export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"  # python3 -m fa_cou
 note() { echo "$*" | tee -a "$summary"; }
 # FA_STAGES="06_wmma 07_fp16_pipelined" restricts the GPU phases to those stages (and the bench
 # phase runs 01_cpu only when FA_STAGES is empty or names it).
+# Stage 15 is left out: it runs on several GPUs (--gpus P), and scripts/ring_gpus.sh runs it.
 gpu_stages() {
-  ls "$repo/stages" | grep -E '^(0[2-9]|[1-9][0-9])_' | while read -r s; do
+  ls "$repo/stages" | grep -E '^(0[2-9]|[1-9][0-9])_' | grep -v '^15_ring$' | while read -r s; do
     [ -x "$bin/$s" ] && { [ -z "${FA_STAGES:-}" ] || [[ " $FA_STAGES " == *" $s "* ]]; } && echo "$s"
   done
 }

@@ -46,6 +46,7 @@
 #include "fa/cuda_check.hpp"
 #include "fa/kernel/exp2.cuh"
 #include "fa/kernel/launch_order.cuh"
+#include "fa/kernel/warp.cuh"
 #include "fa/launch.hpp"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
@@ -54,11 +55,11 @@
 namespace fa::stages {
 namespace {
 
-constexpr int kWarpSize = 32;
-constexpr int kRowGroups = 2;                          // row groups per warp: lane & 1
+using kernel::kFullWarp;
+using kernel::kWarpSize;       // common/include/fa/kernel/warp.cuh: the warp this stage introduces
+constexpr int kRowGroups = 2;  // row groups per warp: lane & 1
 constexpr int kColumnGroups = kWarpSize / kRowGroups;  // lanes that share a row group: lane >> 1
 constexpr int kMaxDim = 256;
-constexpr unsigned kFullWarp = 0xffffffffu;
 using kernel::kLog2e;
 
 // One compiled configuration: head-dim bucket, warps per block, rows per thread (TM) and keys per

@@ -34,6 +34,7 @@
 #include "fa/cuda_check.hpp"
 #include "fa/kernel/exp2.cuh"
 #include "fa/kernel/launch_order.cuh"
+#include "fa/kernel/warp.cuh"
 #include "fa/launch.hpp"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
@@ -44,14 +45,14 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 
+using kernel::kFullWarp;
+using kernel::kWarpSize;
 constexpr int kFragment = 16;  // the WMMA shape is 16x16x16
-constexpr int kWarpSize = 32;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kQueryRows = kWarps * kFragment;  // Br: query rows per block, 16 per warp
 constexpr int kMaxDim = 256;
 constexpr int kChunkHalves = 8;  // one 16-byte vector load
-constexpr unsigned kFullWarp = 0xffffffffu;
 
 // 2^x on the special-function unit: the instruction ex2.approx.ftz.f32, which flushes results
 // below 2^-126 to zero (far below anything FP16 can hold); exp2f would wrap the same instruction

@@ -42,6 +42,7 @@
 #include "fa/kernel/cp_async.cuh"
 #include "fa/kernel/exp2.cuh"
 #include "fa/kernel/launch_order.cuh"
+#include "fa/kernel/warp.cuh"
 #include "fa/launch.hpp"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
@@ -60,8 +61,9 @@ namespace {
 
 namespace wmma = nvcuda::wmma;
 
+using kernel::kFullWarp;
+using kernel::kWarpSize;
 constexpr int kFragment = 16;  // the WMMA shape is 16x16x16
-constexpr int kWarpSize = 32;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kQueryRows = kWarps * kFragment;  // Br: query rows per block, 16 per warp
@@ -169,8 +171,6 @@ __device__ void load_tile_sync(Element* tile, int stride, const Element* source,
 }
 
 #if FA_STAGE07_DEVICE_CODE
-constexpr unsigned kFullWarp = 0xffffffffu;
-
 // A Q, K, P or V fragment from shared memory. For FP16, wmma::load_matrix_sync becomes PTX's
 // wmma.load...shared, which ptxas turns into ldmatrix (LDSM: each lane reads a 16-byte row of an
 // 8x8 tile). For BF16 the same call comes out as a generic wmma.load (CUDA 13.0 does not carry

@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "fa/device.hpp"
+
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define FA_MMA_CEILING_DEVICE_CODE 1
 #else
@@ -100,18 +102,17 @@ bool measure(int blocks, float* sink, double& tflops) {
 }  // namespace
 
 int main() {
-  int device = 0;
-  cudaDeviceProp properties{};
-  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&properties, device) != cudaSuccess) {
-    std::fprintf(stderr, "fa_mma_ceiling: no CUDA device\n");
+  const fa::DeviceInfo gpu = fa::query_device();
+  if (!gpu.present) {
+    std::fprintf(stderr, "fa_mma_ceiling: %s\n", gpu.reason.c_str());
     return 4;
   }
-  if (properties.major < 8) {
-    std::fprintf(stderr, "fa_mma_ceiling: %s is sm_%d%d; mma.sync.m16n8k16 needs sm_80\n", properties.name,
-                 properties.major, properties.minor);
+  if (gpu.compute_capability < 80) {
+    std::fprintf(stderr, "fa_mma_ceiling: %s is sm_%d; mma.sync.m16n8k16 needs sm_80\n", gpu.name.c_str(),
+                 gpu.compute_capability);
     return 4;
   }
-  const int blocks = properties.multiProcessorCount * kBlocksPerSm;
+  const int blocks = gpu.multiprocessors * kBlocksPerSm;
   float* sink = nullptr;
   if (!ok(cudaMalloc(&sink, sizeof(float) * blocks * kWarpsPerBlock * 32), "cudaMalloc")) return 5;
   double fp16 = 0.0;

@@ -26,8 +26,8 @@
 // backward pass needs (README, "General shapes and the log-sum-exp").
 //
 // The device helpers this stage teaches or reuses live in fa/kernel/: mma.cuh (ldmatrix and
-// mma.sync, taught in this stage's README), cp_async.cuh and convert.cuh (stage 07), exp2.cuh
-// (stage 06), launch_order.cuh (stage 03).
+// mma.sync) and swizzle.cuh (the swizzle), both taught in this stage's README, cp_async.cuh and
+// convert.cuh (stage 07), exp2.cuh (stage 06), warp.cuh (stage 05), launch_order.cuh (stage 03).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -44,6 +44,8 @@
 #include "fa/kernel/exp2.cuh"
 #include "fa/kernel/launch_order.cuh"
 #include "fa/kernel/mma.cuh"
+#include "fa/kernel/swizzle.cuh"
+#include "fa/kernel/warp.cuh"
 #include "fa/launch.hpp"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
@@ -64,25 +66,25 @@ namespace {
 using kernel::commit_copies;
 using kernel::copy_async_16;
 using kernel::fast_exp2;
+using kernel::kChunkBytes;
+using kernel::kFullWarp;
+using kernel::kLn2;
 using kernel::kLog2e;
+using kernel::kSwizzleRows;
+using kernel::kWarpSize;
 using kernel::load_matrices;
 using kernel::load_matrices_transposed;
 using kernel::mma_16x8x16;
 using kernel::pack_pair;
+using kernel::swizzle_group_chunks;
+using kernel::swizzled_chunk_index;
+using kernel::swizzled_step_address;
 using kernel::to_element;
 using kernel::wait_copies;
 
-constexpr int kWarpSize = 32;
 constexpr int kStripRows = 16;                   // query rows per warp: the M of mma.m16n8k16
 constexpr int kMmaDepth = 16;                    // the K of mma.m16n8k16: 16 dims for QKᵀ, 16 keys for PV
-constexpr int kChunkBytes = 16;                  // one cp.async, one ldmatrix row
 constexpr int kChunkElements = kChunkBytes / 2;  // of a 16-bit type
-constexpr int kSwizzleRows = 8;                  // the swizzle permutes the chunks of every 8 consecutive rows
-// The chunks of a row that the swizzle permutes among themselves: groups of 8 (64 dims) where a row
-// is whole such groups, else groups of 4 (D = 96: a row of 12 chunks, three groups of 4).
-constexpr int swizzle_group_chunks(int chunks_per_row) {
-  return chunks_per_row % kSwizzleRows == 0 ? kSwizzleRows : kSwizzleRows / 2;
-}
 constexpr int kMaxDim = 256;
 constexpr int kSharedBytesPerSm = 228 * 1024;         // H100/H200; 1 KB of it is reserved per block
 constexpr int kSharedBytesPerBlockSm80 = 163 * 1024;  // the most one block may opt in to on an A100
@@ -162,18 +164,6 @@ struct Tiling {
                 "O, S and Q leave no room under the register cap: they spill");
 };
 
-// The swizzle. In a row-major tile the 8 row addresses of one ldmatrix 8x8 matrix are 128 or
-// 256 bytes apart: all in the same four banks, an 8-way conflict. Storing chunk c of row r at
-// chunk c ^ (r % 8) spreads any 8 consecutive rows' copies of one chunk over 8 different
-// 16-byte bank groups, and every chunk stays whole (cp.async writes it in one piece). Rows of 12
-// chunks (D = 96, 192 bytes) already alternate between the two halves of the 32 banks, so
-// c ^ (r / 2 % 4), within a group of 4 chunks, does the rest: again 8 different bank groups.
-template <int kChunksPerRow>
-__device__ __forceinline__ int swizzled_chunk_index(int row, int chunk) {
-  constexpr int kRowsPerPattern = kSwizzleRows / swizzle_group_chunks(kChunksPerRow);   // 1, or 2 at D = 96
-  return row * kChunksPerRow + (chunk ^ (row & (kSwizzleRows - 1)) / kRowsPerPattern);  // rows being >= 0
-}
-
 // Copies `kRows` rows of a (rows x dim) matrix from global memory into a swizzled shared tile of
 // kRowDim-wide rows with ordinary loads and stores, writing zeros in the padding columns
 // (dim..kRowDim) and in the rows past `valid_rows`. The fallback when 16-byte copies are impossible
@@ -191,9 +181,6 @@ __device__ void load_tile_sync(Element* tile, const Element* source, int valid_r
 }
 
 #if FA_STAGE08_DEVICE_CODE
-constexpr unsigned kFullWarp = 0xffffffffu;
-constexpr float kLn2 = 0.6931471805599453f;  // the log-sum-exp leaves log2 units: ln x = log2 x · ln 2
-
 // blockIdx.x, read in a way the compiler cannot merge with an earlier read: what the kernel
 // derives from it after the K/V loop is computed there, instead of held in registers through it.
 __device__ __forceinline__ unsigned block_index_again() {
@@ -377,14 +364,13 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   // 32·(step % 2), plus 64 bytes per 2 steps). Tiles and rows start on group boundaries, so the
   // XOR touches only the chunk bits. One register per operand, not four, and 16 rows down or a
   // group right are constants that ldmatrix takes as an immediate.
-  constexpr int kStepsPerGroup = T::kSwizzleGroupChunks / 2;
   constexpr int kGroupBytes = T::kSwizzleGroupChunks * kChunkBytes;
   constexpr int kBlockRowBytes = kMmaDepth * T::kRowBytes;  // 16 rows
   static_assert(
       T::kRowBytes % kGroupBytes == 0 && T::kKvTileBytes % kGroupBytes == 0 && T::kQueryTileBytes % kGroupBytes == 0,
       "rows and tiles start on swizzle-group boundaries");
   const auto step_address = [](unsigned lane_address, int step) {
-    return (lane_address ^ step % kStepsPerGroup * 2 * kChunkBytes) + step / kStepsPerGroup * kGroupBytes;
+    return swizzled_step_address<T::kSwizzleGroupChunks>(lane_address, step);
   };
   const auto offset = [](int row, int chunk) {
     return static_cast<unsigned>(swizzled_chunk_index<T::kChunksPerRow>(row, chunk) * kChunkBytes);

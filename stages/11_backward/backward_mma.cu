@@ -53,6 +53,8 @@
 #include "fa/kernel/cp_async.cuh"
 #include "fa/kernel/exp2.cuh"
 #include "fa/kernel/mma.cuh"
+#include "fa/kernel/swizzle.cuh"
+#include "fa/kernel/warp.cuh"
 #include "fa/launch.hpp"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
@@ -77,15 +79,17 @@ namespace {
 using kernel::commit_copies;
 using kernel::copy_async_16;
 using kernel::fast_exp2;
+using kernel::kFullWarp;
 using kernel::kLog2e;
+using kernel::kWarpSize;
 using kernel::load_matrices;
 using kernel::load_matrices_transposed;
 using kernel::mma_16x8x16;
 using kernel::pack_pair;
+using kernel::swizzled_step_address;
 using kernel::to_element;
 using kernel::wait_copies;
 
-constexpr int kWarpSize = 32;
 constexpr int kMmaRows = 16;       // the M of mma.m16n8k16
 constexpr int kMmaDepth = 16;      // its K
 constexpr int kMmaCols = 8;        // its N: the columns of one FP32 accumulator tile
@@ -98,7 +102,6 @@ constexpr int kMaxGradDims = 128;  // the dims of dK, dV and dQ one block owns, 
 // The layout inside a tile is the atomics' (Tiling::accumulator_offset).
 constexpr int kAccumulatorRowMultiple = 128;
 constexpr int kWarpStrip = 32;  // the output rows of a warp's share of a product: two mma row tiles
-constexpr unsigned kFullWarp = 0xffffffffu;
 // Everything that sizes the kernel of one head-dim bucket. Eight warps (128 keys; 64 query rows a
 // step, 128 at D = 64) where shared memory allows: each Q and dO tile brought in serves twice the
 // keys, and a step twice the queries. Four warps (64 keys; 32 rows, 64 at D = 64) where it does
@@ -191,7 +194,7 @@ struct Tiling {
 
 // The Q, dO, K and V tiles are stored swizzled, as in stage 08: chunk c of row r at chunk
 // c ^ (r % 8) of that row (every bucket's row is a multiple of 8 chunks). The element index of
-// (row, column) in a tile of kDim-wide rows:
+// (row, column) in a tile of kDim-wide rows (fa/kernel/swizzle.cuh's chunk index, in elements):
 template <int kDim>
 __device__ __forceinline__ int swizzled_index(int row, int column) {
   return row * kDim + (column / kChunkElements ^ row % 8) * kChunkElements + column % kChunkElements;
@@ -265,11 +268,7 @@ struct SwizzledOperand {
     return static_cast<unsigned>(__cvta_generic_to_shared(tile + index));
   }
   __device__ __forceinline__ static unsigned offset(unsigned address, int rows, int columns) {
-    constexpr int kChunkBytes = 16;
-    constexpr int kGroupChunks = 8;
-    const int chunks = columns / kChunkElements;
-    return (address ^ chunks % kGroupChunks * kChunkBytes) + chunks / kGroupChunks * kGroupChunks * kChunkBytes +
-           rows * kDim * static_cast<int>(sizeof(Element));
+    return swizzled_step_address<8>(address, columns / kMmaDepth) + rows * kDim * static_cast<int>(sizeof(Element));
   }
 };
 // ... or of a padded tile (P^T and dS^T, rows of kStride elements), from element `origin`.

@@ -23,6 +23,7 @@
 #include <cstdio>
 
 #include "fa/cuda_check.hpp"
+#include "fa/device.hpp"
 #include "fa/kernel/cp_async.cuh"
 #include "fa/timing.hpp"
 
@@ -108,7 +109,7 @@ double measure(int blocks, const unsigned char* keys, const unsigned char* value
 
 // The device's read ceiling in GB/s; 0 with a message when it has too little free memory. Throws
 // fa::CudaError on a CUDA error.
-double read_ceiling(const cudaDeviceProp& properties) {
+double read_ceiling(int sms) {
   FA_CUDA_CHECK(cudaFuncSetAttribute(stream_tiles, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
   size_t free_bytes = 0;
   size_t total_bytes = 0;
@@ -126,7 +127,6 @@ double read_ceiling(const cudaDeviceProp& properties) {
   FA_CUDA_CHECK(cudaMalloc(&keys, buffer_bytes));
   FA_CUDA_CHECK(cudaMalloc(&values, buffer_bytes));
   FA_CUDA_CHECK(cudaMalloc(&sink, sizeof(int)));
-  const int sms = properties.multiProcessorCount;
   fill<<<sms * 4, 256>>>(reinterpret_cast<uint32_t*>(keys), buffer_bytes / 4, 0x9e3779b9u);
   fill<<<sms * 4, 256>>>(reinterpret_cast<uint32_t*>(values), buffer_bytes / 4, 0x7f4a7c15u);
   FA_CUDA_CHECK(cudaGetLastError());
@@ -141,24 +141,25 @@ double read_ceiling(const cudaDeviceProp& properties) {
 }  // namespace
 
 int main() {
+  const fa::DeviceInfo gpu = fa::query_device();
+  if (!gpu.present) {
+    std::fprintf(stderr, "fa_read_ceiling: %s\n", gpu.reason.c_str());
+    return 4;
+  }
+  if (gpu.compute_capability < 80) {
+    std::fprintf(stderr, "fa_read_ceiling: %s is sm_%d; cp.async needs sm_80\n", gpu.name.c_str(),
+                 gpu.compute_capability);
+    return 4;
+  }
   int device = 0;
-  cudaDeviceProp properties{};
-  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&properties, device) != cudaSuccess) {
-    std::fprintf(stderr, "fa_read_ceiling: no CUDA device\n");
-    return 4;
-  }
-  if (properties.major < 8) {
-    std::fprintf(stderr, "fa_read_ceiling: %s is sm_%d%d; cp.async needs sm_80\n", properties.name, properties.major,
-                 properties.minor);
-    return 4;
-  }
   int memory_khz = 0;
   int bus_bits = 0;
   double gbps = 0.0;
   try {
+    FA_CUDA_CHECK(cudaGetDevice(&device));
     FA_CUDA_CHECK(cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device));
     FA_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
-    gbps = read_ceiling(properties);
+    gbps = read_ceiling(gpu.multiprocessors);
   } catch (const fa::CudaError& error) {
     std::fprintf(stderr, "fa_read_ceiling: %s\n", error.what());
     return 5;

@@ -36,10 +36,13 @@
 
 #include "fa/causal.hpp"
 #include "fa/cuda_check.hpp"
+#include "fa/device.hpp"
 #include "fa/kernel/convert.cuh"
 #include "fa/kernel/cp_async.cuh"
 #include "fa/kernel/exp2.cuh"
 #include "fa/kernel/mma.cuh"
+#include "fa/kernel/swizzle.cuh"
+#include "fa/kernel/warp.cuh"
 #include "fa/launch.hpp"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
@@ -119,20 +122,22 @@ namespace {
 
 using kernel::commit_copies;
 using kernel::fast_exp2;
+using kernel::kChunkBytes;
+using kernel::kFullWarp;
+using kernel::kLn2;
+using kernel::kSwizzleRows;
+using kernel::kWarpSize;
 using kernel::load_matrices;
 using kernel::load_matrices_transposed;
 using kernel::mma_16x8x16;
 using kernel::pack_pair;
+using kernel::swizzled_chunk_index;
+using kernel::swizzled_step_address;
 using kernel::to_element;
 using kernel::wait_copies;
-using split_kv::kFullWarp;
-using split_kv::kLn2;
-using split_kv::kWarpSize;
 
 constexpr int kStripRows = static_cast<int>(split_kv::kStripRows);  // query rows per warp
-constexpr int kChunkBytes = 16;                                     // one cp.async, one ldmatrix row
 constexpr int kChunkElements = kChunkBytes / 2;
-constexpr int kSwizzleRows = 8;  // the swizzle permutes the chunks of every 8 consecutive rows
 constexpr int kMaxDim = 256;
 
 // One head-dim bucket (64, 128 or 256). Four warps of one strip: 64 packed query rows. The ring
@@ -158,13 +163,6 @@ struct Tiling {
   static_assert(kSharedBytes <= 163 * 1024, "a block must fit on an A100 (sm_80) too");
   static_assert(kCanSplitKeys == (kDim <= split_kv::kKeysAcrossWarpsMaxDim), "the host's rule knows which split keys");
 };
-
-// Stage 08's swizzle: chunk c of row r lives at chunk c ^ (r % 8), so the 8 rows of an ldmatrix
-// matrix fall in 8 different bank groups.
-template <int kChunksPerRow>
-__device__ __forceinline__ int swizzled_chunk_index(int row, int chunk) {
-  return row * kChunksPerRow + (chunk ^ (row & (kSwizzleRows - 1)));
-}
 
 #if FA_STAGE12_DEVICE_CODE
 constexpr int kMmaDepth = 16;                            // the K of mma.m16n8k16: 16 dims for QKᵀ, 16 keys for PV
@@ -336,11 +334,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
   // ldmatrix addressing, as in stage 08: Q and V (A operand, and B transposed) point lane l at row
   // l % 16, chunk l / 16; K at key (l / 16)·8 + l % 8, chunk (l / 8) % 2. The swizzle of 16-dim step
   // s is an XOR of 32·(s % 4) bytes plus 128 bytes per group of four steps.
-  constexpr int kStepsPerGroup = kSwizzleRows / 2;
-  constexpr int kGroupBytes = kSwizzleRows * kChunkBytes;
   constexpr int kBlockRowBytes = kMmaDepth * T::kRowBytes;
   const auto step_address = [](unsigned lane_address, int step) {
-    return (lane_address ^ step % kStepsPerGroup * 2 * kChunkBytes) + step / kStepsPerGroup * kGroupBytes;
+    return swizzled_step_address<kSwizzleRows>(lane_address, step);
   };
   const auto offset = [](int row, int chunk) {
     return static_cast<unsigned>(swizzled_chunk_index<kDim / kChunkElements>(row, chunk) * kChunkBytes);
@@ -613,7 +609,7 @@ Status device_wave_blocks(split_kv::BlockKernel kernel, int device, int64_t* wav
   const std::lock_guard<std::mutex> lock(mutex);
   if (known.find(device) == known.end()) {
     Attributes asked;
-    FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&asked.sm_count, cudaDevAttrMultiProcessorCount, device)));
+    FA_STATUS_TRY(multiprocessor_count(device, &asked.sm_count));
     FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&asked.memory_khz, cudaDevAttrMemoryClockRate, device)));
     FA_STATUS_TRY(Status::cuda(cudaDeviceGetAttribute(&asked.bus_bits, cudaDevAttrGlobalMemoryBusWidth, device)));
     known[device] = asked;
@@ -666,6 +662,33 @@ Status forward(const ForwardArgs& args) {
     return launch_merge<Element, kDim>(args, split, major >= 9, partial_out, partial_lse);
   });
 }
+
+}  // namespace
+
+template <typename Element>
+Status split_kv::merge_partials(const float* partial_out, const float* partial_lse, Element* out, float* lse,
+                                int64_t rows, int64_t dim, int64_t splits, cudaStream_t stream) {
+  if (splits < 1 || splits > split_kv::kMaxSplits) {
+    return Status::unsupported("the merge takes 1 to " + std::to_string(split_kv::kMaxSplits) + " partials");
+  }
+  ForwardArgs args;
+  args.problem = Problem::square(1, 1, rows, dim);
+  args.o = out;
+  args.lse = lse;
+  args.stream = stream;
+  split_kv::KeySplit split;
+  split.splits = splits;
+  return dispatch_head_dim<64, 128, kMaxDim>(dim, [&](auto bucket) {
+    return launch_merge<Element, decltype(bucket)::value>(args, split, false, partial_out, partial_lse);
+  });
+}
+
+template Status split_kv::merge_partials<__half>(const float*, const float*, __half*, float*, int64_t, int64_t, int64_t,
+                                                 cudaStream_t);
+template Status split_kv::merge_partials<__nv_bfloat16>(const float*, const float*, __nv_bfloat16*, float*, int64_t,
+                                                        int64_t, int64_t, cudaStream_t);
+
+namespace {
 
 StageDescriptor describe(Precision precision, ForwardFn forward_function, const char* title) {
   StageDescriptor stage;

@@ -100,4 +100,12 @@ int64_t workspace_bytes(const Problem& problem, Pass pass);
 template <typename Element, int kDim>
 Status launch_wgmma_split(const ForwardArgs& args, const KeySplit& split, float* partial_out, float* partial_lse);
 
+// The merge kernel on its own, for another stage's partial results (stage 15 merges the partials of
+// the ring's steps with it): O (Element: __half or __nv_bfloat16) and, when `lse` is not null, the
+// LSE (natural log) of `rows` rows from `splits` FP32 partials (O_s normalized, LSE_s in log2 units,
+// split s of row r at s · rows + r), queued on `stream`. Up to kMaxSplits partials, D up to 256.
+template <typename Element>
+Status merge_partials(const float* partial_out, const float* partial_lse, Element* out, float* lse, int64_t rows,
+                      int64_t dim, int64_t splits, cudaStream_t stream);
+
 }  // namespace fa::stages::split_kv

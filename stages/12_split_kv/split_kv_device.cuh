@@ -17,16 +17,17 @@
 #include "fa/kernel/convert.cuh"
 #include "fa/kernel/cp_async.cuh"
 #include "fa/kernel/exp2.cuh"
+#include "fa/kernel/warp.cuh"
 #include "fa/launch.hpp"
 #include "fa/problem.hpp"
 #include "split_kv.hpp"
 
 namespace fa::stages::split_kv {
 
-constexpr int kWarpSize = 32;
-constexpr unsigned kFullWarp = 0xffffffffu;
-constexpr int kAccumulatorColumns = 8;       // columns of one FP32 accumulator tile: the N of mma.m16n8k16
-constexpr float kLn2 = 0.6931471805599453f;  // LSE = log2-sum-exp · ln 2
+using kernel::kFullWarp;
+using kernel::kLn2;
+using kernel::kWarpSize;
+constexpr int kAccumulatorColumns = 8;  // columns of one FP32 accumulator tile: the N of mma.m16n8k16
 
 // Copies kRows rows of a (rows × dim) matrix of 16-bit elements into a tile, one 16-byte cp.async a
 // chunk, chunk c of row r at byte `chunk_offset(r, c)` of the tile (each kernel's swizzled layout);

@@ -43,6 +43,7 @@ namespace {
 using kernel::commit_copies;
 using kernel::fence_registers;
 using kernel::fence_shared_for_async_proxy;
+using kernel::kChunkBytes;
 using kernel::kMmaDepth;
 using kernel::kPanelColumns;
 using kernel::kPanelRowBytes;
@@ -53,8 +54,6 @@ using kernel::mn_major_descriptor;
 using kernel::shared_address;
 using kernel::wait_copies;
 using kernel::wgmma_wait;
-
-constexpr int kChunkBytes = 16;  // one cp.async
 
 // One head-dim bucket (64 or 128): one warpgroup on a 64-row tile, a ring of kStages 64-key stages.
 // At D = 128, 16 KB of Q and 32 KB a stage.

@@ -18,8 +18,10 @@
 // A layout of the next two (stage 09's P·V trick, now with keys as the rows). dQ needs dS with the
 // queries as rows and all 128 keys of the block as the depth, so dSᵀ goes through shared memory
 // once; each warpgroup then multiplies half of dQ (64 of its dims at D = 128, 64 of its queries at
-// D = 64) and adds it to an FP32 workspace in global memory with 16-byte atomic adds. A last kernel
-// scales that sum and rounds it to the element type; a first one computes D_i = rowsum(dO ∘ O).
+// D = 64), stages it in shared memory, and the copy engine adds it to an FP32 workspace in global
+// memory (cp.reduce.async.bulk: 16 KB by one instruction, the add done in L2). A last kernel scales
+// that sum and rounds it to the element type; a first one computes D_i = rowsum(dO ∘ O). With
+// FA_DETERMINISTIC=1 the parts go by 16-byte atomics instead, key tile after key tile (turns).
 //
 // Head dims up to 128 in two buckets (64: Br = 128 queries a step; 128: Br = 64), D a multiple of
 // 8 (TMA's row rule) and 16-byte aligned tensors; anything else goes to stage 11's mma.sync
@@ -108,10 +110,13 @@ struct Tiling {
   static constexpr int kScoreTileBytes = kScorePanels * kScorePanelBytes;
   // dQ's split between the consumers: 64 dims each at D = 128, 64 queries each at D = 64.
   static_assert(kScorePanels * kPanels == kConsumers, "each consumer multiplies one 64 x 64 part of dQ");
+  // dQ's parts staged in FP32 for the copy engine's reduce-add, in the atomics' order.
+  static constexpr int kGradQueryPartBytes = kMmaRows * kPanelColumns * 4;
   static constexpr int kRowBytes = kQueries * 4;  // the FP32 LSE (or D) of a step's rows
   static constexpr int kBarriers = 1 + 2 * kStages;
   static constexpr int kSharedBytes = kSwizzleBytes + 2 * kKvTileBytes + kStages * 2 * kQueryTileBytes +
-                                      2 * kScoreTileBytes + kStages * 2 * kRowBytes + kBarriers * 8;
+                                      2 * kScoreTileBytes + kConsumers * kGradQueryPartBytes + kStages * 2 * kRowBytes +
+                                      kBarriers * 8;
   static_assert(kWorkspaceRows % kQueries == 0, "whole query tiles in each head's workspace rows");
   static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 65536,
                 "setmaxnreg moves only the registers the block was launched with");
@@ -119,8 +124,8 @@ struct Tiling {
 };
 
 // The place of dQ's element (row, column) in its query tile's Br × kDim FP32 workspace: consumer
-// part p (64 x 64), then the order the atomics write it in, which is the accumulator layout: the
-// 128 threads' registers 4t .. 4t + 3 side by side (one 16-byte atomic a thread, a warp's 512
+// part p (64 x 64), then the order the parts are staged in, which is the accumulator layout: the
+// 128 threads' registers 4t .. 4t + 3 side by side (one 16-byte store or atomic a thread, a warp's 512
 // bytes contiguous), t = 0 .. 7.
 template <int kDim>
 __device__ __forceinline__ int grad_query_offset(int row, int column) {
@@ -141,6 +146,17 @@ __device__ __forceinline__ void copy_bytes_to_shared(unsigned destination, const
       "l"(source), "r"(bytes), "r"(barrier)
       : "memory");
 }
+
+// Adds `bytes` of FP32 numbers in shared memory to global memory, by the copy engine (the add
+// happens in L2), tracked in this thread's bulk group (commit_stores, wait_stores_read).
+__device__ __forceinline__ void reduce_add_to_global(float* destination, unsigned source, unsigned bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(destination),
+               "r"(source), "r"(bytes)
+               : "memory");
+}
+
+// Waits until this thread's bulk groups have completed, writes included.
+__device__ __forceinline__ void wait_stores_done() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // dQ's product: A = dS read from dSᵀ (MN-major: imm-trans-a = 1), B = K read MN-major (its rows are
 // keys, the depth), 64 x 64 x 16. `accumulate` false overwrites the accumulators.
@@ -244,11 +260,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* value_tile = key_tile + T::kKvTileBytes;
   unsigned char* ring = value_tile + T::kKvTileBytes;
   unsigned char* score_tiles = ring + T::kStages * 2 * T::kQueryTileBytes;
-  float* row_data = reinterpret_cast<float*>(score_tiles + 2 * T::kScoreTileBytes);
+  float* grad_q_parts = reinterpret_cast<float*>(score_tiles + 2 * T::kScoreTileBytes);  // [kConsumers]
+  float* row_data = grad_q_parts + kConsumers * T::kGradQueryPartBytes / 4;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(row_data + T::kStages * 2 * T::kQueries);
   uint64_t* kv_full = barriers;                     // K and V have landed
   uint64_t* slot_full = barriers + 1;               // [kStages]: Q, dO, LSE, D of a step have landed
-  uint64_t* slot_free = barriers + 1 + T::kStages;  // [kStages]: every consumer warp is done with them
+  uint64_t* slot_free = barriers + 1 + T::kStages;  // [kStages]: every consumer thread is done with them
 
   // Which keys: heaviest first under the causal mask (key tile 0 sees every query tile), by
   // launch_order.cuh's bands of a few tiles of a few heads; K/V head slow otherwise.
@@ -272,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     barrier_init(kv_full, 1);
     for (int slot = 0; slot < T::kStages; ++slot) {
       barrier_init(&slot_full[slot], 1);
-      barrier_init(&slot_free[slot], kConsumers * kWarpgroupThreads / kWarpSize);
+      barrier_init(&slot_free[slot], kConsumers * kWarpgroupThreads);
     }
     fence_barrier_init();
   }
@@ -415,12 +432,28 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       // EXERCISE END
 
-      wgmma_wait<0>();
-      fence_registers(grad_probs);
-
-      // dSᵀ = Pᵀ ∘ (dPᵀ − D), and both as 16-bit A fragments: accumulator tiles 2j and 2j + 1 are
-      // queries 16j .. 16j + 15, the depth of one wgmma of dV and dK (stage 09's P·V trick).
+      // Pᵀ as 16-bit A fragments: accumulator tiles 2j and 2j + 1 are queries 16j .. 16j + 15, the
+      // depth of one wgmma of dV (stage 09's P·V trick). dV += Pᵀ dO goes to the tensor cores at
+      // once, B = dO read MN-major from the ring slot, behind dPᵀ.
       unsigned probs[kQuerySteps][4];
+#pragma unroll
+      for (int j = 0; j < kQuerySteps; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) probs[j][i] = pack_pair<Element>(scores[8 * j + 2 * i], scores[8 * j + 2 * i + 1]);
+      }
+      const uint64_t grad_out_columns =
+          matrix_descriptor(shared_address(grad_out_slot), T::kQueryPanelBytes, kSwizzleBytes);
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < kQuerySteps; ++j) {
+        wgmma_registers<Element, kDim>(value_grad, probs[j],
+                                       advance_descriptor(grad_out_columns, j * kMmaDepth * kPanelRowBytes));
+      }
+      wgmma_commit();
+
+      // dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ is done (dV still runs), as A fragments of dK += dSᵀ Q.
+      wgmma_wait<1>();
+      fence_registers(grad_probs);
       unsigned grad_scores[kQuerySteps][4];
 #pragma unroll
       for (int j = 0; j < kQuerySteps; ++j) {
@@ -428,15 +461,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < 4; ++i) {
           const int e = 8 * j + 2 * i;
           const int query = e / 4 * kMmaColumns + 2 * quad;
-          const float delta = slot_delta[query];
-          const float delta_next = slot_delta[query + 1];
-          probs[j][i] = pack_pair<Element>(scores[e], scores[e + 1]);
-          grad_scores[j][i] =
-              pack_pair<Element>(scores[e] * (grad_probs[e] - delta), scores[e + 1] * (grad_probs[e + 1] - delta_next));
+          grad_scores[j][i] = pack_pair<Element>(scores[e] * (grad_probs[e] - slot_delta[query]),
+                                                 scores[e + 1] * (grad_probs[e + 1] - slot_delta[query + 1]));
         }
       }
+      const uint64_t query_columns = matrix_descriptor(shared_address(query_slot), T::kQueryPanelBytes, kSwizzleBytes);
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < kQuerySteps; ++j) {
+        wgmma_registers<Element, kDim>(key_grad, grad_scores[j],
+                                       advance_descriptor(query_columns, j * kMmaDepth * kPanelRowBytes));
+      }
+      wgmma_commit();
 
-      // dSᵀ into shared memory for dQ: rows group and group + 8, query pair 8·(2j + i / 2) + 2·quad.
+      // dSᵀ into shared memory for dQ while dV and dK run: rows group and group + 8, query pair
+      // 8·(2j + i / 2) + 2·quad.
       unsigned char* score_tile = score_tiles + step % 2 * T::kScoreTileBytes;
 #pragma unroll
       for (int j = 0; j < kQuerySteps; ++j) {
@@ -452,26 +491,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The tensor cores read it through the async proxy: fence, then meet the other consumer.
       fence_shared_for_async_proxy();
 
-      // dV += Pᵀ dO and dK += dSᵀ Q, A from registers, B MN-major from the ring slot.
-      const uint64_t grad_out_columns =
-          matrix_descriptor(shared_address(grad_out_slot), T::kQueryPanelBytes, kSwizzleBytes);
-      const uint64_t query_columns = matrix_descriptor(shared_address(query_slot), T::kQueryPanelBytes, kSwizzleBytes);
-      wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < kQuerySteps; ++j) {
-        wgmma_registers<Element, kDim>(value_grad, probs[j],
-                                       advance_descriptor(grad_out_columns, j * kMmaDepth * kPanelRowBytes));
-      }
-#pragma unroll
-      for (int j = 0; j < kQuerySteps; ++j) {
-        wgmma_registers<Element, kDim>(key_grad, grad_scores[j],
-                                       advance_descriptor(query_columns, j * kMmaDepth * kPanelRowBytes));
-      }
-      wgmma_commit();
-
       // dQ = dS K over the block's 128 keys: both consumers' dSᵀ must be whole. Each consumer's
       // previous dQ product (the other buffer) completed before it reached this barrier, so the
-      // next step may overwrite that buffer.
+      // next step may overwrite that buffer; and the copy engine has read the consumer's staged dQ
+      // part of the last step (its thread 0 waited), so this step may overwrite that too.
+      if (!kDeterministic && thread == 0) wait_stores_read();
       sync_threads(kGradQueryBarrier, kConsumers * kWarpgroupThreads);
       const uint64_t score_descriptor = matrix_descriptor(
           shared_address(score_tile) + query_panel * T::kScorePanelBytes, T::kScorePanelBytes, kSwizzleBytes);
@@ -488,19 +512,36 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_registers(probs);
       fence_registers(grad_scores);
 
-      // The slot's Q and dO are no longer read: one arrival per consumer warp frees it.
-      __syncwarp();
-      if (lane == 0) barrier_arrive(&slot_free[slot]);
+      // The slot's Q, dO, LSE and D are no longer read: every consumer thread arrives (an arrival by
+      // one lane per warp after __syncwarp is enough for the hardware, but compute-sanitizer's
+      // racecheck then reports the next bulk copy of the LSE as racing with the other lanes' reads).
+      barrier_arrive(&slot_free[slot]);
 
-      // dQ's part into the FP32 workspace, unscaled: one 16-byte atomic per 4 accumulators.
+      // dQ's part into the FP32 workspace, unscaled, in the accumulator order (grad_query_offset).
       float* part = grad_q_sum + (static_cast<int64_t>(head) * workspace_head_rows + query_base) * kDim +
                     consumer * kMmaRows * kPanelColumns;
-      int* turn = nullptr;
-      if constexpr (kDeterministic) {
+      if constexpr (!kDeterministic) {
+        // Staged in shared memory (one 16-byte store per 4 accumulators, the warpgroup's 128 threads
+        // side by side), then one instruction: the copy engine adds the 16 KB to L2 while the
+        // consumers go on.
+        float* staged = grad_q_parts + consumer * T::kGradQueryPartBytes / 4;
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          *reinterpret_cast<float4*>(staged + (t * kWarpgroupThreads + thread) * 4) =
+              make_float4(query_grad[4 * t], query_grad[4 * t + 1], query_grad[4 * t + 2], query_grad[4 * t + 3]);
+        }
+        fence_shared_for_async_proxy();
+        sync_threads(2 + consumer, kWarpgroupThreads);
+        if (thread == 0) {
+          reduce_add_to_global(part, shared_address(staged), T::kGradQueryPartBytes);
+          commit_stores();
+        }
+      } else {
         // Key tile t adds its part after tiles 0 .. t − 1 (every lower tile sees the query tile
-        // too), so the FP32 sum is the same every run.
-        turn = turns + ((static_cast<int64_t>(head) * workspace_head_rows + query_base) / T::kQueries) * kConsumers +
-               consumer;
+        // too), so the FP32 sum is the same every run: 16-byte atomics, in turns.
+        int* turn = turns +
+                    ((static_cast<int64_t>(head) * workspace_head_rows + query_base) / T::kQueries) * kConsumers +
+                    consumer;
         if (thread == 0) {
           int done = 0;
           do {
@@ -508,20 +549,21 @@ __global__ void __launch_bounds__(kThreads, 1)
           } while (done < key_tile_index);
         }
         sync_threads(2 + consumer, kWarpgroupThreads);
-      }
 #pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        atomicAdd(reinterpret_cast<float4*>(part + (t * kWarpgroupThreads + thread) * 4),
-                  make_float4(query_grad[4 * t], query_grad[4 * t + 1], query_grad[4 * t + 2], query_grad[4 * t + 3]));
-      }
-      if constexpr (kDeterministic) {
+        for (int t = 0; t < 8; ++t) {
+          atomicAdd(
+              reinterpret_cast<float4*>(part + (t * kWarpgroupThreads + thread) * 4),
+              make_float4(query_grad[4 * t], query_grad[4 * t + 1], query_grad[4 * t + 2], query_grad[4 * t + 3]));
+        }
         __threadfence();
         sync_threads(2 + consumer, kWarpgroupThreads);
         if (thread == 0) atomicAdd(turn, 1);
       }
     }
+    // The copy engine's last reduce-add has finished before the block's shared memory goes away.
+    if (!kDeterministic && thread == 0) wait_stores_done();
 
-    // dK = scale · Σ dSᵀ Q and dV, once: rows key_base + warp_key + group (+ 8), dims 8n + 2·quad, +1.
+      // dK = scale · Σ dSᵀ Q and dV, once: rows key_base + warp_key + group (+ 8), dims 8n + 2·quad, +1.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int key = key_base + warp_key + group + 8 * half;
@@ -689,13 +731,15 @@ StageDescriptor describe(Precision precision, ForwardFn forward_function, Backwa
 }  // namespace
 
 StageDescriptor wgmma_backward_fp16() {
-  return describe(Precision::fp16, overlap_fp16().forward, &backward<__half>,
-                  "the backward pass on wgmma: TMA ring, dK and dV in accumulators, dQ by atomics (FP16, sm_90a)");
+  return describe(
+      Precision::fp16, overlap_fp16().forward, &backward<__half>,
+      "the backward pass on wgmma: TMA ring, dK and dV in accumulators, dQ by the bulk reduce-add (FP16, sm_90a)");
 }
 
 StageDescriptor wgmma_backward_bf16() {
-  return describe(Precision::bf16, overlap_bf16().forward, &backward<__nv_bfloat16>,
-                  "the backward pass on wgmma: TMA ring, dK and dV in accumulators, dQ by atomics (BF16, sm_90a)");
+  return describe(
+      Precision::bf16, overlap_bf16().forward, &backward<__nv_bfloat16>,
+      "the backward pass on wgmma: TMA ring, dK and dV in accumulators, dQ by the bulk reduce-add (BF16, sm_90a)");
 }
 
 }  // namespace fa::stages

@@ -10,6 +10,7 @@
 
 #include "fa/kernel/convert.cuh"
 #include "fa/kernel/mbarrier.cuh"
+#include "fa/kernel/swizzle.cuh"
 #include "fa/kernel/wgmma.cuh"
 
 namespace fa::kernel {
@@ -19,8 +20,8 @@ constexpr int kMmaDepth = 16;        // the K of a 16-bit wgmma: 16 dims for QKá
 constexpr int kMmaColumns = 8;       // columns per accumulator tile (the mma.m16n8 layout of stage 08)
 constexpr int kPanelColumns = 64;    // one 128-byte swizzled row: a TMA box's width
 constexpr int kPanelRowBytes = 128;  // ... in bytes
-constexpr int kSwizzleRows = 8;      // the 128-byte swizzle repeats every 8 rows
-// 1024 bytes: the swizzle's period; every tile starts on such a boundary.
+// 1024 bytes: the 128-byte swizzle's period (it permutes the 16-byte chunks of every kSwizzleRows
+// rows, as stage 08's swizzle does); every tile starts on such a boundary.
 constexpr int kSwizzleBytes = kSwizzleRows * kPanelRowBytes;
 
 // The descriptor walk of a K-major operand (Q or K, whose rows hold their head-dim values
