@@ -294,11 +294,12 @@ echo "your copy of $1 runs here"]=] $<TARGET_FILE:${id}> ${id} ${number})
 endforeach()
 
 # The stage READMEs speak to the student, not about how the course was made: no run numbers of the
-# GPU suite ("call 7"), no "the issue" or "the bar", no shapes named after the documents they came
-# from ("seed 001"): design.md names them "the standard sweep" and "the large-head shapes".
+# GPU suite ("call 7"), no tracker issue ("issue 48", "the issue says"; an instruction's issue is
+# fine), no "the bar", no shapes named after the documents they came from ("seed 001"): design.md
+# names them "the standard sweep" and "the large-head shapes".
 add_test(NAME "common: stage READMEs name no suite calls, issues, bars or seed documents"
          COMMAND sh -c [=[
-found=$(grep -n -i -E '\bcalls? [0-9]|\bthe issue|\bthe bar\b|\bseed ?0|\bseed documents?\b|\bseed shapes?\b' "$0"/stages/*/README.md)
+found=$(grep -n -i -E '\bcalls? [0-9]|\bissue #?[0-9]+\b|\bissues #[0-9]+|\bthe issue (says|asks|wants|tracker)|\bthe bar\b|\bseed ?0|\bseed documents?\b|\bseed shapes?\b' "$0"/stages/*/README.md)
 if [ -n "$found" ]; then echo "$found"; exit 1; fi
 echo "no stage README names a suite call, an issue, a bar or a seed document"]=] ${PROJECT_SOURCE_DIR})
 

@@ -367,25 +367,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     float key_grad[kDim / 2] = {};    // dK for the consumer's 64 keys, unscaled
     float value_grad[kDim / 2] = {};  // dV
 
-    barrier_wait(kv_full, 0);
-
-#pragma unroll 1
-    for (int step = 0; step < steps; ++step) {
-      const int slot = step % T::kStages;
-      const int head = step_head(step);
-      const int query_base = step_row(step);
-      unsigned char* query_slot = ring + slot * 2 * T::kQueryTileBytes;
-      unsigned char* grad_out_slot = query_slot + T::kQueryTileBytes;
-      const float* slot_lse = row_data + slot * 2 * T::kQueries;
-      const float* slot_delta = slot_lse + T::kQueries;
-      barrier_wait(&slot_full[slot], (step / T::kStages) & 1);
-
-      // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: kDim / 16 wgmma each, committed as two groups, so that Pᵀ's
-      // exponentials run while dPᵀ is still on the tensor cores.
-      const uint64_t query_descriptor = matrix_descriptor(shared_address(query_slot), 16, kSwizzleBytes);
-      const uint64_t grad_out_descriptor = matrix_descriptor(shared_address(grad_out_slot), 16, kSwizzleBytes);
-      float scores[T::kQueries / 2];
-      float grad_probs[T::kQueries / 2];
+    // Sᵀ = K Qᵀ of a step, once its slot has landed, and dPᵀ = V dOᵀ: kDim / 16 wgmma each,
+    // committed as two groups, so that Pᵀ's exponentials run while dPᵀ is still on the tensor
+    // cores. A step issues the next step's Sᵀ before it meets the other consumer for dQ (software
+    // pipelining): the tensor cores have work queued while the consumers wait.
+    float scores[T::kQueries / 2];
+    float grad_probs[T::kQueries / 2];
+    const auto slot_tile = [&](int step) { return ring + step % T::kStages * 2 * T::kQueryTileBytes; };
+    const auto issue_scores = [&](int step) {
+      barrier_wait(&slot_full[step % T::kStages], (step / T::kStages) & 1);
+      const uint64_t query_descriptor = matrix_descriptor(shared_address(slot_tile(step)), 16, kSwizzleBytes);
       wgmma_fence();
 #pragma unroll
       for (int d = 0; d < kDimSteps; ++d) {
@@ -398,6 +389,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       wgmma_commit();
+    };
+    const auto issue_grad_probs = [&](int step) {
+      const uint64_t grad_out_descriptor =
+          matrix_descriptor(shared_address(slot_tile(step) + T::kQueryTileBytes), 16, kSwizzleBytes);
+      wgmma_fence();
 #pragma unroll
       for (int d = 0; d < kDimSteps; ++d) {
         const uint64_t a = advance_descriptor(value_descriptor, dim_step_offset(d, T::kKvPanelBytes));
@@ -409,6 +405,23 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       wgmma_commit();
+    };
+
+    barrier_wait(kv_full, 0);
+    issue_scores(0);  // a block has at least one step
+
+#pragma unroll 1
+    for (int step = 0; step < steps; ++step) {
+      const int slot = step % T::kStages;
+      const int head = step_head(step);
+      const int query_base = step_row(step);
+      unsigned char* query_slot = slot_tile(step);
+      unsigned char* grad_out_slot = query_slot + T::kQueryTileBytes;
+      const float* slot_lse = row_data + slot * 2 * T::kQueries;
+      const float* slot_delta = slot_lse + T::kQueries;
+
+      // This step's dPᵀ behind its Sᵀ; then Sᵀ is done (dPᵀ may still run).
+      issue_grad_probs(step);
       wgmma_wait<1>();
       fence_registers(scores);
 
@@ -491,6 +504,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The tensor cores read it through the async proxy: fence, then meet the other consumer.
       fence_shared_for_async_proxy();
 
+      // dV and dK are done: the fragments are free, and the slot's Q, dO, LSE and D are no longer
+      // read, so every consumer thread arrives (an arrival by one lane per warp after __syncwarp is
+      // enough for the hardware, but compute-sanitizer's racecheck then reports the next bulk copy
+      // of the LSE as racing with the other lanes' reads). The next step's Sᵀ goes to the tensor
+      // cores now, so that it runs while the consumers meet. The last step issues its own again,
+      // unused: a conditional issue makes ptxas serialize every wgmma of the kernel.
+      wgmma_wait<0>();
+      fence_registers(probs);
+      fence_registers(grad_scores);
+      barrier_arrive(&slot_free[slot]);
+      issue_scores(min(step + 1, steps - 1));
+
       // dQ = dS K over the block's 128 keys: both consumers' dSᵀ must be whole. Each consumer's
       // previous dQ product (the other buffer) completed before it reached this barrier, so the
       // next step may overwrite that buffer; and the copy engine has read the consumer's staged dQ
@@ -509,13 +534,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_commit();
       wgmma_wait<0>();
       fence_registers(query_grad);
-      fence_registers(probs);
-      fence_registers(grad_scores);
-
-      // The slot's Q, dO, LSE and D are no longer read: every consumer thread arrives (an arrival by
-      // one lane per warp after __syncwarp is enough for the hardware, but compute-sanitizer's
-      // racecheck then reports the next bulk copy of the LSE as racing with the other lanes' reads).
-      barrier_arrive(&slot_free[slot]);
 
       // dQ's part into the FP32 workspace, unscaled, in the accumulator order (grad_query_offset).
       float* part = grad_q_sum + (static_cast<int64_t>(head) * workspace_head_rows + query_base) * kDim +
@@ -560,7 +578,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (thread == 0) atomicAdd(turn, 1);
       }
     }
-    // The copy engine's last reduce-add has finished before the block's shared memory goes away.
+    // Nothing runs on the tensor cores any more (said again for ptxas, which cannot tell that the
+    // loop ran), and the copy engine's last reduce-add has finished before the block's shared
+    // memory goes away.
+    wgmma_wait<0>();
     if (!kDeterministic && thread == 0) wait_stores_done();
 
       // dK = scale · Σ dSᵀ Q and dV, once: rows key_base + warp_key + group (+ 8), dims 8n + 2·quad, +1.
