@@ -9,6 +9,12 @@
 #
 # Assembles the same PTX with ptxas -v and fails unless every kernel in it reports 0 bytes of
 # spill stores and loads: for a stage that keeps its working set in registers.
+#
+# fa_add_sass_test(NAME <test name> STAGE <stage id> SOURCE <.cu file name> ARCH <sm number>
+#                  SCRIPT <python script>)
+#
+# Assembles the same PTX and runs SCRIPT on it (--ptxas, --ptx, --arch, --root): for a stage whose
+# idea shows only in the machine code ptxas makes of it (the script reads the SASS with cuobjdump).
 set(FA_GREP_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/GrepFile.cmake)
 set(FA_NO_SPILLS_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/NoSpills.cmake)
 
@@ -52,5 +58,18 @@ function(fa_add_spill_test)
     find_program(FA_PTXAS ptxas HINTS ${cuda_bin} REQUIRED)
     add_test(NAME "${ARG_NAME}"
              COMMAND ${CMAKE_COMMAND} -DPTXAS=${FA_PTXAS} -DFILE=${ptx} -DARCH=${ARG_ARCH} -P ${FA_NO_SPILLS_SCRIPT})
+  endif()
+endfunction()
+
+function(fa_add_sass_test)
+  cmake_parse_arguments(PARSE_ARGV 0 ARG "" "NAME;STAGE;SOURCE;ARCH;SCRIPT" "")
+  fa_stage_ptx(ptx ${ARG_STAGE} ${ARG_SOURCE} ${ARG_ARCH})
+  if(ptx)
+    get_filename_component(cuda_bin ${CMAKE_CUDA_COMPILER} DIRECTORY)
+    find_program(FA_PTXAS ptxas HINTS ${cuda_bin} REQUIRED)
+    find_package(Python3 COMPONENTS Interpreter REQUIRED)
+    add_test(NAME "${ARG_NAME}"
+             COMMAND ${Python3_EXECUTABLE} ${ARG_SCRIPT} --ptxas ${FA_PTXAS} --ptx ${ptx} --arch ${ARG_ARCH}
+                     --root ${PROJECT_SOURCE_DIR})
   endif()
 endfunction()

@@ -84,12 +84,12 @@ template <int kDim>
 struct Tiling {
   // Consumer warpgroups of 64 query rows each (Br = 64 per consumer) and one producer warpgroup, of
   // which one thread issues every copy. Keys per K/V tile (Bc) and tiles in the ring: at D = 128 two
-  // consumers (Br = 128), 128-key tiles, two stages (160 KB of shared memory); at D = 64, where a
-  // tile has half the FLOPs per score and the softmax weighs twice as much, three consumers
-  // (Br = 192) and three stages (120 KB); at D = 256 the O accumulators take 128 registers a thread,
+  // consumers (Br = 128), 128-key tiles, two stages (160 KB of shared memory); at D = 64 two
+  // consumers too (three, at 160 registers a thread, cannot hold S, O, P and the next P: ptxas then
+  // serializes the wgmma) and three stages; at D = 256 the O accumulators take 128 registers a thread,
   // so S gets 64 keys (32 registers), and two stages of 64-key tiles beside the 64 KB Q tile fill
   // 192 KB.
-  static constexpr int kConsumers = kDim <= 64 ? 3 : 2;
+  static constexpr int kConsumers = 2;
   static constexpr int kKeys = kDim <= 128 ? 128 : 64;
   static constexpr int kStages = kDim <= 64 ? 3 : 2;
   // setmaxnreg: the producer warpgroup gives back all but 24 registers a thread, the consumers take
@@ -290,6 +290,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     float row_sum[2];
     float scores[T::kKeys / 2];
     unsigned probs[kKeySteps][4];
+    // The next P, packed with its two halves swapped while P·V still reads `probs`; after the wait a
+    // byte permute puts it into `probs` (an instruction, so ptxas cannot give both the same registers).
+    unsigned next_probs[kKeySteps][4];
 
     // What one tile takes, as in stage 09, written once for the schedule below. Ring tile r (the
     // block's r-th K/V tile, over all its pieces) sits in slot r % kStages.
@@ -365,8 +368,49 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // overwrite P. (In the SASS the wait for P·V comes before the softmax's exponentials: README,
       // "What the compiler made of it".) A piece whose rows see no key takes no turn at all.
       const int tiles = piece.tiles;
+      float rescale[2];
+      // Round t (issue_round): S of tile t issued, O rescaled by the factor of tile t - 1 (FlashAttention-3's
+      // order: nothing reads O after the wait), P·V of tile t - 1 issued; the wait for S alone, the
+      // softmax of tile t and its P packed aside (next_probs) while P·V still reads `probs`. The
+      // wait for that P·V and the new P's move into `probs` (complete_round) open the next loop body,
+      // so in each body the softmax lies between the two waits: ptxas 13.0 hoisted a wait for P·V
+      // that shared the softmax's basic block above the exponentials (README, "What the compiler
+      // made of it").
+      const auto issue_round = [&](int tile) {
+        const int r = ring_tile + tile;
+        take_turn();
+        issue_scores_of(r);
+#pragma unroll
+        for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];  // by the factor of tile - 1
+        issue_values_of(r - 1);
+        pass_turn();
+        // EXERCISE BEGIN: the softmax while P·V runs: wait for S alone, the softmax, the next P packed aside
+        wgmma_wait<1>();  // S of this tile has landed; P·V of the last one may still run
+        fence_registers(scores);
+        softmax(tile, rescale);
+#pragma unroll
+        for (int j = 0; j < kKeySteps; ++j) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            next_probs[j][i] = pack_pair<Element>(scores[8 * j + 2 * i + 1], scores[8 * j + 2 * i]);
+          }
+        }
+        // EXERCISE END
+      };
+      const auto complete_round = [&](int tile) {
+        const int r = ring_tile + tile;
+        wgmma_wait<0>();  // P·V of the last tile is done: O is whole, and P is free
+        fence_registers(out);
+        fence_registers(probs);
+#pragma unroll
+        for (int j = 0; j < kKeySteps; ++j) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) probs[j][i] = __byte_perm(next_probs[j][i], 0, 0x1032);
+        }
+        release(&key_free[r % T::kStages]);
+        release(&value_free[(r - 1) % T::kStages]);
+      };
       if (tiles > 0) {
-        float rescale[2];
         take_turn();
         issue_scores_of(ring_tile);
         pass_turn();
@@ -375,36 +419,23 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         softmax(0, rescale);  // O is still zero: nothing to rescale
         pack_probabilities<Element>(scores, probs);
         release(&key_free[ring_tile % T::kStages]);
+      }
+      if (tiles > 1) {
+        issue_round(1);
 #pragma unroll 1
-        for (int tile = 1; tile < tiles; ++tile) {
-          const int r = ring_tile + tile;
-          take_turn();
-          issue_scores_of(r);
-          issue_values_of(r - 1);
-          pass_turn();
-          // EXERCISE BEGIN: the softmax while P·V runs: wait for S alone, then for P·V before O and P change
-          wgmma_wait<1>();  // S of this tile has landed; P·V of the last one may still run
-          fence_registers(scores);
-          softmax(tile, rescale);
-          wgmma_wait<0>();  // P·V of the last tile is done: O is whole, and P is free
-          fence_registers(out);
-          fence_registers(probs);
-#pragma unroll
-          for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
-          pack_probabilities<Element>(scores, probs);
-          // EXERCISE END
-          // K of this tile and V of the last one are done with. The producer refills K's slot with
-          // ring tile r + kStages, which this warpgroup needs kStages - 1 rounds on; a slot freed
-          // whole only with its V (stage 09's one barrier) would leave K no round to land in.
-          release(&key_free[r % T::kStages]);
-          release(&value_free[(r - 1) % T::kStages]);
+        for (int tile = 2; tile < tiles; ++tile) {
+          complete_round(tile - 1);
+          issue_round(tile);
         }
+        complete_round(tiles - 1);
       }
       // Every S = Q·Kᵀ of the piece has completed. With an O tile of its own the Q tile is free
       // now: the producer loads the next piece's Q while this one's last P·V and epilogue run.
       if (T::kOutTile) release(query_free);
       if (tiles > 0) {
         take_turn();
+#pragma unroll
+        for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
         issue_values_of(ring_tile + tiles - 1);
         pass_turn();
         wgmma_wait<0>();
