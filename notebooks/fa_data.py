@@ -1,4 +1,4 @@
-"""What every notebook needs: find the data folder, read it through python/fa_course/data.py (one
+"""What every notebook needs: find the data folder, read it through python/fa_course/bench/data.py (one
 file per kind; a duplicate key or a second file of a kind raises), tell current rows from stale
 ones, and save figures that are never empty.
 
@@ -7,7 +7,7 @@ results.csv (the stage executables' benchmark), memory.csv (the memory sweep), t
 and PyTorch's SDPA backends on the same tensors), torch_graph.csv (the same for decoding, each call
 timed as a CUDA graph replay), ceilings.csv, traffic.csv, env.txt. Rows have the general-shape
 columns (B, Hq, Hkv, Nq, Nk, D, ..., pass); files of the square era (B, H, N, D) are converted on
-read. Within a kind a key is unique (fa_course.data.check); a notebook that reads several kinds
+read. Within a kind a key is unique (fa_course.bench.data.check); a notebook that reads several kinds
 names their order, and where a key is in more than one, the first kind's row is used and the
 notebook says how many.
 """
@@ -24,7 +24,7 @@ REPO = os.path.dirname(HERE)
 if os.path.join(REPO, "python") not in sys.path:
     sys.path.insert(0, os.path.join(REPO, "python"))
 
-from fa_course import data as fa_dataset  # noqa: E402
+from fa_course.bench import data as fa_dataset  # noqa: E402
 from fa_course.bench import schema  # noqa: E402
 
 DataError = fa_dataset.DataError
@@ -67,7 +67,7 @@ _LOADED = {}
 
 
 def load(data_dir):
-    """{kind: rows} of the data folder, checked (raises fa_course.data.DataError on a duplicate key,
+    """{kind: rows} of the data folder, checked (raises fa_course.bench.data.DataError on a duplicate key,
     a second file of a kind, an unknown CSV). Read once per folder."""
     if data_dir is None:
         return {kind: [] for kind in fa_dataset.KINDS}
@@ -169,7 +169,7 @@ def source_hash(stage, root=REPO):
 
 def currency(results, data_dir=None):
     """Per stage and file: the hashes in the data, this working tree's, and how many rows are current
-    (this tree's code), restamped to it (data_dir's restamps.csv) or stale (fa_course.data stale)."""
+    (this tree's code), restamped to it (data_dir's restamps.csv) or stale (fa_course.bench.data stale)."""
     restamps = fa_dataset.read_restamps(data_dir) if data_dir else []
     ours = results[~results.stage.isin(PEERS)]
     here = fa_dataset.current_hashes({fa_dataset.stage_folder(s) for s in ours.stage.unique()})

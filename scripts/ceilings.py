@@ -116,7 +116,7 @@ def main():
     parser.add_argument("--read-ceiling", help="the fa_read_ceiling executable (build/bin/fa_read_ceiling); "
                                                "without it the read_bandwidth row is left out")
     parser.add_argument("--only", help="comma-separated metrics to measure, the others left out (to add one "
-                                       "row to a data set with fa_course.data merge)")
+                                       "row to a data set with fa_course.bench.data merge)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()

@@ -24,7 +24,7 @@
 #             carry off a machine whose files do not outlive the call and merge at home
 #   merge     OUTDIR/data into the repository's data set of this GPU, plots/data/<GPU name, spaces
 #             as _>/ ($FA_DATA_DIR to choose another folder): per kind, the run's rows replace the
-#             rows with the same key, the others stay (python3 -m fa_course.data merge), env.txt is
+#             rows with the same key, the others stay (python3 -m fa_course.bench.data merge), env.txt is
 #             replaced, and this call's summary is appended to its gpu_suite_log.txt
 # Each phase writes its files fresh, so a partial run (say `bench merge`) replaces just its rows.
 # Logs go to OUTDIR/logs, the machine and source hashes to OUTDIR/data/env.txt, and a short
@@ -42,7 +42,7 @@ bin="$build/bin"
 summary="$out/summary.txt"
 : >>"$summary"
 summary_start=$(($(wc -l <"$summary") + 1))  # this call's lines of the summary, for the merge phase
-export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"  # python3 -m fa_course.data
+export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"  # python3 -m fa_course.bench.data
 
 note() { echo "$*" | tee -a "$summary"; }
 # FA_STAGES="06_wmma 07_fp16_pipelined" restricts the GPU phases to those stages (and the bench
@@ -376,12 +376,12 @@ phase_merge() {
   gpu=$(gpu_name)
   dest=${FA_DATA_DIR:-$repo/plots/data/${gpu// /_}}
   [ -f "$out/data/env.txt" ] || write_env
-  python3 -m fa_course.data merge "$out/data" "$dest" >"$out/logs/merge.log" 2>&1
+  python3 -m fa_course.bench.data merge "$out/data" "$dest" >"$out/logs/merge.log" 2>&1
   status=$?
   note "merge: $([ $status -eq 0 ] && echo ok || echo FAILED) into ${dest#"$repo"/}"
   sed 's/^/  /' "$out/logs/merge.log" | tee -a "$summary"
   if [ $status -eq 0 ]; then
-    note "  $(python3 -m fa_course.data stale --brief "$dest" 2>&1) (python3 -m fa_course.data stale)"
+    note "  $(python3 -m fa_course.bench.data stale --brief "$dest" 2>&1) (python3 -m fa_course.bench.data stale)"
     { echo; echo "## $(date -u +%FT%TZ): scripts/gpu_suite.sh ${phases[*]} (OUTDIR $(basename "$out"))"
       tail -n +"$summary_start" "$summary"; } >>"$dest/gpu_suite_log.txt"
   fi
@@ -390,7 +390,7 @@ phase_merge() {
 
 # The run's data, logs and summary as one archive, FA_ARCHIVE_DIR/<OUTDIR's name>.tgz (default: in
 # OUTDIR), for a machine whose files do not outlive the call (a lent GPU): merge it at home with
-# `tar -xzf X.tgz -C DIR && python3 -m fa_course.data merge DIR/data plots/data/<gpu>`.
+# `tar -xzf X.tgz -C DIR && python3 -m fa_course.bench.data merge DIR/data plots/data/<gpu>`.
 phase_archive() {
   local dir=${FA_ARCHIVE_DIR:-$out}
   tar -C "$out" -czf "$dir/$(basename "$out").tgz" data logs summary.txt

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Executes every notebook in notebooks/ headless (nbclient, kernel python3), in memory: the
 committed notebooks keep no outputs. Exits non-zero when a notebook raises. The data folder (--data,
-else every folder under plots/data/) is checked first (python/fa_course/data.py: one file per kind,
+else every folder under plots/data/) is checked first (python/fa_course/bench/data.py: one file per kind,
 no duplicate key), so an incoherent one fails here with one message instead of inside a notebook.
 
   python3 scripts/run_notebooks.py                      # data: the one folder under plots/data/
@@ -32,7 +32,7 @@ def main():
         print(f"run_notebooks: {error}; install the pinned tools: pip install -r requirements.txt", file=sys.stderr)
         return 2
     sys.path.insert(0, os.path.join(ROOT, "python"))
-    from fa_course import data as fa_dataset
+    from fa_course.bench import data as fa_dataset
 
     folders = [args.data] if args.data else sorted(
         p for p in glob.glob(os.path.join(ROOT, "plots", "data", "*")) if os.path.isdir(p))

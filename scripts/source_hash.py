@@ -37,7 +37,7 @@ hash is the first 16 hex digits of a sha256 over "path NUL normalized-content NU
 byte order of path, then the nvcc version and the method hashes (a method hash covers its files'
 contents in METHODS order, not their paths: moving a file keeps it).
 
-Python 3 standard library only: CMake, the GPU suite, python/fa_course/data.py, scripts/restamp
+Python 3 standard library only: CMake, the GPU suite, python/fa_course/bench/data.py, scripts/restamp
 and the notebooks all call this one file.
 """
 

@@ -1,5 +1,5 @@
 # design.md's source_hash (scripts/source_hash.py) ignores comments and whitespace but no token, and
-# the data folders under plots/data/ are coherent (python/fa_course/data.py). Included from
+# the data folders under plots/data/ are coherent (python/fa_course/bench/data.py). Included from
 # tests/CMakeLists.txt; the same file, run with cmake -P, is the body of the first test, which works
 # on a copy of stages/<stage> and common/ in the build tree, never on the source tree.
 # Both need only Python 3's standard library (no GPU, no pandas).
@@ -11,7 +11,7 @@ if(NOT CMAKE_SCRIPT_MODE_FILE)
             -DWORK=${CMAKE_CURRENT_BINARY_DIR}/source_hash_test -DSTAGE=04_online_softmax
             -P ${CMAKE_CURRENT_LIST_FILE})
   add_test(NAME "common: every data folder under plots/data has one file per kind and no duplicate key"
-    COMMAND ${Python3_EXECUTABLE} -m fa_course.data check --all ${PROJECT_SOURCE_DIR}/plots/data)
+    COMMAND ${Python3_EXECUTABLE} -m fa_course.bench.data check --all ${PROJECT_SOURCE_DIR}/plots/data)
   set_tests_properties("common: every data folder under plots/data has one file per kind and no duplicate key"
     PROPERTIES ENVIRONMENT "PYTHONPATH=${PROJECT_SOURCE_DIR}/python;PYTHONDONTWRITEBYTECODE=1")
   # The include closure source_hash.py computes holds every file the compiler read for a stage

@@ -157,6 +157,21 @@ class Errors(LibraryTestCase):
             self.library.forward(CPU_STAGE, problem, q, None, v, o)
         self.assertEqual(caught.exception.status, capi.FA_INVALID_ARGUMENT)
 
+    def test_a_gpu_stage_on_host_memory_says_what_is_wrong(self):
+        """Host buffers to a GPU stage: without a GPU the library says plainly that there is none (as
+        the command line does), never the runtime's "driver version is insufficient"; with one, it
+        refuses the host memory."""
+        stage = next(s for s in self.library.stages() if s.is_cuda and s.precision == "fp32")
+        problem = Problem.square(1, 1, 4, 4)
+        with self.assertRaises(FaError) as caught:
+            self.library.forward(stage.id, problem, *self.buffers(problem))
+        error = caught.exception
+        self.assertNotIn("driver version is insufficient", error.message)
+        if error.status == capi.FA_CUDA_ERROR:
+            self.assertRegex(error.message, "no NVIDIA driver|no CUDA GPU|supports CUDA up to")
+        else:
+            self.assertEqual(error.status, capi.FA_INVALID_ARGUMENT, error.message)
+
     def test_heads_that_do_not_group(self):
         if self.library.abi_version < 2:
             self.skipTest("a version 1 library takes square problems only")

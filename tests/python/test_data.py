@@ -1,11 +1,11 @@
-"""The data folder (python/fa_course/data.py): one file per kind, torch_graph.csv among the kinds."""
+"""The data folder (python/fa_course/bench/data.py): one file per kind, torch_graph.csv among the kinds."""
 
 import os
 import tempfile
 import unittest
 
 import _support  # noqa: F401  (puts the package on sys.path)
-from fa_course import data
+from fa_course.bench import data
 from fa_course.bench import results
 
 

@@ -1,6 +1,6 @@
 """scripts/restamp and the rule it serves (no GPU): the machine-code comparison on tiny kernels
 compiled here (a refactor that changes no machine code is accepted, a changed register budget or
-launch bound is refused), the chain of restamps that `fa_course.data stale` follows, and the
+launch bound is refused), the chain of restamps that `fa_course.bench.data stale` follows, and the
 method hashes (a changed timing method changes the hash; a restamp carries only the kinds whose
 method is unchanged)."""
 
@@ -16,7 +16,7 @@ import unittest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "python"))
 
-from fa_course import data  # noqa: E402
+from fa_course.bench import data  # noqa: E402
 from fa_course.bench import results  # noqa: E402
 
 

@@ -23,11 +23,11 @@ row by row. Files written before
 the general shapes (B, H, N, D; no pass) are converted on read: H is Hq = Hkv, N is Nq = Nk, pass is
 fwd (and traffic rows without causal are non-causal).
 
-  python3 -m fa_course.data check plots/data/NVIDIA_H200      # raises on anything incoherent
-  python3 -m fa_course.data check --all plots/data            # every GPU folder
-  python3 -m fa_course.data merge OUTDIR/data plots/data/NVIDIA_H200
-  python3 -m fa_course.data stale plots/data/NVIDIA_H200      # rows current, restamped, stale
-  python3 -m fa_course.data rewrite plots/data/NVIDIA_H200    # legacy headers -> current, sorted
+  python3 -m fa_course.bench.data check plots/data/NVIDIA_H200      # raises on anything incoherent
+  python3 -m fa_course.bench.data check --all plots/data            # every GPU folder
+  python3 -m fa_course.bench.data merge OUTDIR/data plots/data/NVIDIA_H200
+  python3 -m fa_course.bench.data stale plots/data/NVIDIA_H200      # rows current, restamped, stale
+  python3 -m fa_course.bench.data rewrite plots/data/NVIDIA_H200    # legacy headers -> current, sorted
 
 A merge replaces, kind by kind, the rows whose key (schema.RESULTS_KEY, CEILINGS_KEY, TRAFFIC_KEY)
 the new folder has, keeps the others, and writes each file back sorted by its key; env.txt, the
@@ -42,10 +42,10 @@ import re
 import shutil
 import sys
 
-from .bench import results as csv_files
-from .bench import schema
+from . import results as csv_files
+from . import schema
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 class Kind:
@@ -404,7 +404,7 @@ def _print_table(rows):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python3 -m fa_course.data", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python3 -m fa_course.bench.data", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     check_parser = commands.add_parser("check", help="fail unless the folder is one coherent data set")
