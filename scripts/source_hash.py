@@ -200,12 +200,46 @@ def normalize_cmake(text, keep_whitespace=False):
     return "".join(out)
 
 
+def _whole_fstrings(text, tokens):
+    """The tokens with each f-string as one STRING token of its source text, as Python 3.11 gives it
+    (3.12 splits an f-string into FSTRING_START, its parts and FSTRING_END), so that the hash of a
+    file does not depend on the Python version that computes it."""
+    start_kind = getattr(tokenize, "FSTRING_START", None)
+    if start_kind is None:
+        return tokens
+    lines = text.splitlines(keepends=True)
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+    merged, index = [], 0
+    while index < len(tokens):
+        token = tokens[index]
+        if token.type != start_kind:
+            merged.append(token)
+            index += 1
+            continue
+        depth, end = 0, index
+        while True:
+            if tokens[end].type == start_kind:
+                depth += 1
+            elif tokens[end].type == tokenize.FSTRING_END:
+                depth -= 1
+                if depth == 0:
+                    break
+            end += 1
+        first, last = token.start, tokens[end].end
+        source = text[offsets[first[0] - 1] + first[1]:offsets[last[0] - 1] + last[1]]
+        merged.append(tokenize.TokenInfo(tokenize.STRING, source, first, last, token.line))
+        index = end + 1
+    return merged
+
+
 def normalize_python(text):
     """Python as its tokens, without comments, blank lines and docstrings (a string that is a whole
     statement); indentation is kept as INDENT/DEDENT."""
     out = []
     previous = tokenize.NEWLINE
-    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    tokens = _whole_fstrings(text, list(tokenize.generate_tokens(io.StringIO(text).readline)))
     for index, token in enumerate(tokens):
         kind = token.type
         if kind in (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER):
