@@ -7,7 +7,7 @@ torch.library so that autograd, torch.compile (no graph break) and CUDA graphs s
     k = torch.randn(2, 2, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     v = torch.randn_like(k, requires_grad=True)
     out = fa_course.attention(q, k, v, causal=True)    # (2, 8, 1024, 64); grouped-query heads
-    out.float().square().sum().backward()              # q.grad, k.grad, v.grad from stage 11
+    out.float().square().sum().backward()              # q.grad, k.grad, v.grad (stage 13 or 11)
 
 Tensors: Q (B, Hq, Nq, D), K and V (B, Hkv, Nk, D), Hq a multiple of Hkv (query head h reads K/V
 head h // (Hq / Hkv)), contiguous, all on one device: CUDA in float16 or bfloat16, or the CPU in
@@ -17,11 +17,11 @@ causal_lower_right); a query row that sees no key gets O = 0. The scale is 1 / s
 
 Which stages run: fa_course.selection says how they are chosen (the latest stage of the course
 that runs on this GPU, writes the log-sum-exp and takes the problem; on an H100 or H200
-10_overlap, else 08_mma_registers; the backward pass is 11_backward's). `stage=` and
+10_overlap and 13_wgmma_backward, else 08_mma_registers and 11_backward). `stage=` and
 `backward_stage=` name others ("08", "09_wgmma_tma"); `chosen_stages(...)` says what a call runs.
 `deterministic=True` (or torch.use_deterministic_algorithms(True) when the backward pass runs)
-makes dQ bitwise the same from run to run: stage 11's dQ pass instead of FP32 atomics in no fixed
-order (stages/11_backward/README.md says what it costs).
+makes dQ bitwise the same from run to run: the backward stage's ordered dQ pass instead of adds in no
+fixed order (the READMEs of stages 11 and 13 say what it costs).
 
 The registered ops (namespace fa_course; autograd is fa_course.attention's, around them):
   torch.ops.fa_course.attention(q, k, v, causal=False, stage="") -> (O, LSE)
