@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "backward_contract.hpp"
 #include "backward_cpu.hpp"
 #include "catch_compat.hpp"
 #include "fa/inputs.hpp"
@@ -36,42 +37,8 @@ namespace {
 const std::initializer_list<fa::StageDescriptor (*)()> kGpuStages = {fa::stages::backward_fp16,
                                                                      fa::stages::backward_bf16};
 
-// The stage's forward then its backward through the runner, every group compared with the reference.
-void check_backward(const fa::StageDescriptor& stage, const fa::Inputs& inputs, uint64_t seed) {
-  fa::RunOptions options;
-  options.problem = inputs.problem;
-  options.pass = fa::Pass::backward;
-  options.seed = seed;
-  options.time = false;
-  options.check_kv_heads = inputs.problem.kv_heads_total();
-  const fa::RunOutcome outcome = fa::run_stage_on(stage, inputs, options);
-  INFO(stage.id << " (" << fa::precision_name(stage.precision) << ") " << fa::describe(inputs.problem)
-                << (inputs.problem.causal ? " causal" : "") << ": status " << outcome.row.status << ", "
-                << outcome.row.note << "; dQ " << outcome.grad_q_errors.summary() << "; dK "
-                << outcome.grad_k_errors.summary() << "; dV " << outcome.grad_v_errors.summary());
-  // One check, so that a wrong gradient prints its message once (and the shape loop stops at the first).
-  REQUIRE((outcome.exit_code == fa::kExitOk && outcome.checked && outcome.row.pass == "bwd"));
-}
-
-void check_backward(const fa::StageDescriptor& stage, const fa::Problem& problem, uint64_t seed) {
-  check_backward(stage, fa::random_inputs(problem, seed), seed);
-}
-
-// The general shapes, each causal and not: GQA, MQA, Nq < Nk, Nq > Nk (blind causal rows), one
-// query, one key.
-std::vector<fa::Problem> general_problems(int64_t dim) {
-  std::vector<fa::Problem> problems;
-  for (const bool causal : {false, true}) {
-    for (const fa::Problem base : {fa::Problem{2, 8, 2, 70, 70, dim, false}, fa::Problem{1, 6, 1, 45, 45, dim, false},
-                                   fa::Problem{1, 2, 2, 37, 150, dim, false}, fa::Problem{2, 2, 1, 150, 37, dim, false},
-                                   fa::Problem{1, 4, 2, 1, 77, dim, false}, fa::Problem{3, 2, 2, 20, 1, dim, false}}) {
-      fa::Problem problem = base;
-      problem.causal = causal;
-      problems.push_back(problem);
-    }
-  }
-  return problems;
-}
+using fa::test::check_backward;
+using fa::test::general_problems;
 
 }  // namespace
 
@@ -221,10 +188,7 @@ TEST_CASE("stage11: the mma.sync backward takes grouped-query heads and Nq != Nk
 TEST_CASE("stage11: with FA_DETERMINISTIC=1 the mma.sync backward's dQ pass matches the reference") {
   // dQ from grad_query_kernel (query tiles own it) instead of atomics: every bucket, odd dims,
   // causal with blind rows, grouped-query heads.
-  ::setenv("FA_DETERMINISTIC", "1", 1);
-  struct Unset {
-    ~Unset() { ::unsetenv("FA_DETERMINISTIC"); }
-  } unset;
+  const fa::test::DeterministicMode deterministic;
   for (const auto factory : kGpuStages) {
     const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);

@@ -19,6 +19,7 @@
 #include <initializer_list>
 #include <vector>
 
+#include "backward_contract.hpp"
 #include "catch_compat.hpp"
 #include "fa/device_buffer.hpp"
 #include "fa/inputs.hpp"
@@ -35,48 +36,16 @@ namespace {
 const std::initializer_list<fa::StageDescriptor (*)()> kStages = {fa::stages::wgmma_backward_fp16,
                                                                   fa::stages::wgmma_backward_bf16};
 
-// The stage's forward then its backward through the runner, every group compared with the reference.
-void check_backward(const fa::StageDescriptor& stage, const fa::Inputs& inputs, uint64_t seed) {
-  fa::RunOptions options;
-  options.problem = inputs.problem;
-  options.pass = fa::Pass::backward;
-  options.seed = seed;
-  options.time = false;
-  options.check_kv_heads = inputs.problem.kv_heads_total();
-  const fa::RunOutcome outcome = fa::run_stage_on(stage, inputs, options);
-  INFO(stage.id << " (" << fa::precision_name(stage.precision) << ") " << fa::describe(inputs.problem)
-                << (inputs.problem.causal ? " causal" : "") << ": status " << outcome.row.status << ", "
-                << outcome.row.note << "; dQ " << outcome.grad_q_errors.summary() << "; dK "
-                << outcome.grad_k_errors.summary() << "; dV " << outcome.grad_v_errors.summary());
-  CHECK(outcome.exit_code == fa::kExitOk);
-  CHECK(outcome.checked);
-  CHECK(outcome.row.pass == "bwd");
-}
+using fa::test::check_backward;
+using fa::test::DeterministicMode;
 
-void check_backward(const fa::StageDescriptor& stage, const fa::Problem& problem, uint64_t seed) {
-  check_backward(stage, fa::random_inputs(problem, seed), seed);
-}
-
-// GQA, MQA, Nq < Nk, Nq > Nk (blind causal rows), one query, one key; causal and not.
+// The general shapes of stage 11's tests, and 300 queries against 260 keys: several key tiles of 128
+// and query tiles of 64, each partial.
 std::vector<fa::Problem> general_problems(int64_t dim) {
-  std::vector<fa::Problem> problems;
-  for (const bool causal : {false, true}) {
-    for (const fa::Problem base : {fa::Problem{2, 8, 2, 70, 70, dim, false}, fa::Problem{1, 6, 1, 45, 45, dim, false},
-                                   fa::Problem{1, 2, 2, 37, 150, dim, false}, fa::Problem{2, 2, 1, 150, 37, dim, false},
-                                   fa::Problem{1, 4, 2, 1, 77, dim, false}, fa::Problem{3, 2, 2, 20, 1, dim, false},
-                                   fa::Problem{1, 4, 1, 300, 260, dim, false}}) {
-      fa::Problem problem = base;
-      problem.causal = causal;
-      problems.push_back(problem);
-    }
-  }
+  std::vector<fa::Problem> problems = fa::test::general_problems(dim);
+  for (const bool causal : {false, true}) problems.push_back(fa::Problem{1, 4, 1, 300, 260, dim, causal});
   return problems;
 }
-
-struct DeterministicMode {
-  DeterministicMode() { ::setenv("FA_DETERMINISTIC", "1", 1); }
-  ~DeterministicMode() { ::unsetenv("FA_DETERMINISTIC"); }
-};
 
 // 16-bit copies of random numbers in [-1, 1) (FP16 or BF16), for direct calls of the stage.
 std::vector<uint16_t> random_elements(int64_t count, bool bf16, uint64_t seed) {
