@@ -14,6 +14,7 @@
 
 #include "fa/device_buffer.hpp"
 #include "fa/kernel/convert.cuh"
+#include "fa/kernel/exp2.cuh"
 #include "fa/stages.hpp"
 #include "ring_cuda.hpp"
 #include "split_kv.hpp"
@@ -23,7 +24,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 4096;  // grid-stride loops: enough blocks to fill any GPU
-constexpr float kLog2e = 1.4426950408889634f;
 
 unsigned blocks_for(int64_t items) {
   return static_cast<unsigned>(std::min<int64_t>(kMaxBlocks, std::max<int64_t>(1, (items + kThreads - 1) / kThreads)));
@@ -52,7 +52,7 @@ __global__ void store_partial_kernel(float* slot_out, float* slot_lse, const Ele
     const bool inside = i >= part.first && i < part.first + part.count;
     const int64_t block_row = row / part.head_rows * part.count + i - part.first;
     slot_out[index] = inside ? to_float(block_out[block_row * dim + d]) : 0.0f;
-    if (d == 0) slot_lse[row] = inside ? block_lse[block_row] * kLog2e : -INFINITY;
+    if (d == 0) slot_lse[row] = inside ? block_lse[block_row] * kernel::kLog2e : -INFINITY;
   }
 }
 
