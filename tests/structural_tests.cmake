@@ -151,9 +151,9 @@ fa_add_spill_test(NAME "stage12: the wgmma kernel spills nothing to local memory
 # Sᵀ and dPᵀ with both operands K-major in shared memory, dV and dK with Pᵀ and dSᵀ as register A
 # operands and dO, Q read MN-major, dQ with both operands read MN-major), the TMA ring and the bulk
 # copies of a step's LSE and D, the register hand-over, the proxy fence before wgmma reads dSᵀ,
-# dQ's bulk reduce-add by the copy engine, and the deterministic mode's 16-byte atomic adds and the
-# acquire loads of its turn counters.
-fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the TMA ring, setmaxnreg and dQ's bulk reduce-add (sm_90a)"
+# dQ's 16-byte atomic adds from the accumulators, and the acquire loads of the deterministic mode's
+# turn counters.
+fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the TMA ring, setmaxnreg and dQ's 16-byte atomic adds (sm_90a)"
   STAGE 13_wgmma_backward SOURCE wgmma_backward.cu ARCH 90a
   PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k16\\.f32\\.f16\\.f16 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1, 0, 0"
   PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k16\\.f32\\.bf16\\.bf16 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1, 0, 0"
@@ -166,7 +166,6 @@ fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the
   PATTERN "mbarrier\\.try_wait\\.parity\\.shared::cta\\.b64"
   PATTERN "setmaxnreg\\.dec\\.sync\\.aligned\\.u32 24" PATTERN "setmaxnreg\\.inc\\.sync\\.aligned\\.u32 240"
   PATTERN "fence\\.proxy\\.async\\.shared::cta"
-  PATTERN "cp\\.reduce\\.async\\.bulk\\.global\\.shared::cta\\.bulk_group\\.add\\.f32"
   PATTERN "(red|atom)\\.global\\.add\\.v4\\.f32" PATTERN "ld\\.acquire\\.gpu\\.global\\.b32")
 # dK and dV (128 FP32 registers a thread at D = 128), Sᵀ, dPᵀ and their 16-bit copies live in
 # registers: no kernel may spill.

@@ -18,10 +18,13 @@
 // A layout of the next two (stage 09's P·V trick, now with keys as the rows). dQ needs dS with the
 // queries as rows and all 128 keys of the block as the depth, so dSᵀ goes through shared memory
 // once; each warpgroup then multiplies half of dQ (64 of its dims at D = 128, 64 of its queries at
-// D = 64), stages it in shared memory, and the copy engine adds it to an FP32 workspace in global
-// memory (cp.reduce.async.bulk: 16 KB by one instruction, the add done in L2). A last kernel scales
-// that sum and rounds it to the element type; a first one computes D_i = rowsum(dO ∘ O). With
-// FA_DETERMINISTIC=1 the parts go by 16-byte atomics instead, key tile after key tile (turns).
+// D = 64) and adds it to an FP32 workspace in global memory by 16-byte atomic adds straight from its
+// accumulators (the add done in L2). A last kernel scales that sum and rounds it to the element
+// type; a first one computes D_i = rowsum(dO ∘ O) and clears the sum. With FA_DETERMINISTIC=1 the
+// parts are added key tile after key tile (turns).
+//
+// A step, for each consumer: Sᵀ and dPᵀ issued; exponentials while dPᵀ runs; dV issued; dSᵀ while dV
+// runs, stored for dQ; the consumers meet (barrier 1); dQ and dK issued; dQ's atomics while dK runs.
 //
 // Head dims up to 128 in two buckets (64: Br = 128 queries a step; 128: Br = 64), D a multiple of
 // 8 (TMA's row rule) and 16-byte aligned tensors; anything else goes to stage 11's mma.sync
@@ -88,7 +91,10 @@ constexpr int kAlignElements = 8;    // TMA: a row's byte stride is a multiple o
 constexpr int kWorkspaceRows = 128;  // each query head's rows in the workspaces: a multiple of every Br
 constexpr int kProducerRegisters = 24;
 constexpr int kConsumerRegisters = 240;
-constexpr int kGradQueryBarrier = 1;  // named barrier: dSᵀ of both consumers is in shared memory
+// Named barriers (0 is __syncthreads): dSᵀ of both consumers is in shared memory; the deterministic
+// mode's turn of consumer c has come (2 + c), within that consumer.
+constexpr int kScoresReadyBarrier = 1;
+constexpr int kTurnBarrier = 2;
 
 // Everything that sizes the kernel of one head-dim bucket (64 or 128).
 template <int kDim>
@@ -110,32 +116,37 @@ struct Tiling {
   static constexpr int kScoreTileBytes = kScorePanels * kScorePanelBytes;
   // dQ's split between the consumers: 64 dims each at D = 128, 64 queries each at D = 64.
   static_assert(kScorePanels * kPanels == kConsumers, "each consumer multiplies one 64 x 64 part of dQ");
-  // dQ's parts staged in FP32 for the copy engine's reduce-add, in the atomics' order.
-  static constexpr int kGradQueryPartBytes = kMmaRows * kPanelColumns * 4;
   static constexpr int kRowBytes = kQueries * 4;  // the FP32 LSE (or D) of a step's rows
   static constexpr int kBarriers = 1 + 2 * kStages;
   static constexpr int kSharedBytes = kSwizzleBytes + 2 * kKvTileBytes + kStages * 2 * kQueryTileBytes +
-                                      2 * kScoreTileBytes + kConsumers * kGradQueryPartBytes + kStages * 2 * kRowBytes +
-                                      kBarriers * 8;
+                                      2 * kScoreTileBytes + kStages * 2 * kRowBytes + kBarriers * 8;
   static_assert(kWorkspaceRows % kQueries == 0, "whole query tiles in each head's workspace rows");
   static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 65536,
                 "setmaxnreg moves only the registers the block was launched with");
   static_assert(kSharedBytes <= 227 * 1024, "one block's shared memory on an H100/H200");
 };
 
-// The place of dQ's element (row, column) in its query tile's Br × kDim FP32 workspace: consumer
-// part p (64 x 64), then the order the parts are staged in, which is the accumulator layout: the
-// 128 threads' registers 4t .. 4t + 3 side by side (one 16-byte store or atomic a thread, a warp's 512
-// bytes contiguous), t = 0 .. 7.
+// dQ's FP32 workspace holds each query tile (Br × kDim) as two 64 x 64 consumer parts (64 dims
+// each at D = 128, 64 queries each at D = 64), each in the order its consumer stages it, which is
+// the accumulator layout: the warpgroup's 128 threads' registers 4e .. 4e + 3 side by side for
+// e = 0 .. 7 (one 16-byte store or atomic a thread, a warp's 512 bytes contiguous). Float4 number
+// e · 128 + t of a part is thread t's accumulators 4e .. 4e + 3: rows r and r + 8, columns c and
+// c + 1 of the part, with r = 16 · (t / 32) + (t % 32) / 4 and c = 8e + 2 · (t % 4).
+struct PartPlace {
+  int row;     // of the query tile
+  int column;  // of the head dim
+};
 template <int kDim>
-__device__ __forceinline__ int grad_query_offset(int row, int column) {
+__device__ __forceinline__ PartPlace part_place(int float4_in_tile) {
   using T = Tiling<kDim>;
-  const int part = T::kScorePanels == 2 ? row / kMmaRows : column / kPanelColumns;
-  const int part_row = row % kMmaRows;
-  const int part_column = column % kPanelColumns;
-  const int thread = part_row / 16 * kWarpSize + part_row % 8 * 4 + part_column % kMmaColumns / 2;
-  const int element = part_column / kMmaColumns * 4 + part_row % 16 / 8 * 2 + part_column % 2;
-  return part * kMmaRows * kPanelColumns + (element / 4 * kWarpgroupThreads + thread) * 4 + element % 4;
+  constexpr int kPartFloat4s = kMmaRows * kPanelColumns / 4;
+  const int part = float4_in_tile / kPartFloat4s;
+  const int e = float4_in_tile % kPartFloat4s / kWarpgroupThreads;
+  const int t = float4_in_tile % kWarpgroupThreads;
+  const int row = t / kWarpSize * 16 + t % kWarpSize / 4;
+  const int column = e * kMmaColumns + t % 4 * 2;
+  return T::kScorePanels == 2 ? PartPlace{part * kMmaRows + row, column}
+                              : PartPlace{row, part * kPanelColumns + column};
 }
 
 // 1D bulk copy global -> shared (no tensor map), completing on `barrier`: the LSE and D of a step.
@@ -146,17 +157,6 @@ __device__ __forceinline__ void copy_bytes_to_shared(unsigned destination, const
       "l"(source), "r"(bytes), "r"(barrier)
       : "memory");
 }
-
-// Adds `bytes` of FP32 numbers in shared memory to global memory, by the copy engine (the add
-// happens in L2), tracked in this thread's bulk group (commit_stores, wait_stores_read).
-__device__ __forceinline__ void reduce_add_to_global(float* destination, unsigned source, unsigned bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(destination),
-               "r"(source), "r"(bytes)
-               : "memory");
-}
-
-// Waits until this thread's bulk groups have completed, writes included.
-__device__ __forceinline__ void wait_stores_done() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // dQ's product: A = dS read from dSᵀ (MN-major: imm-trans-a = 1), B = K read MN-major (its rows are
 // keys, the depth), 64 x 64 x 16. `accumulate` false overwrites the accumulators.
@@ -181,25 +181,50 @@ __device__ __forceinline__ void wgmma_transposed(float (&d)[32], uint64_t a_desc
 #undef FA_STAGE13_WGMMA
 }
 
-// Preprocessing, one warp per row of the workspaces (each head's rows padded to kWorkspaceRows):
-// D_i = rowsum(dO ∘ O), and the LSE in log2 units. Rows past Nq, and rows that see no key
-// (LSE = -inf), get LSE = +inf: their P = 2^(s − inf) = 0, so they add nothing.
+// The two 16-bit elements of a 32-bit word as FP32, the low half first (pack_pair's inverse).
 template <typename Element>
+__device__ __forceinline__ float2 unpack_pair(unsigned word) {
+  if constexpr (std::is_same_v<Element, __half>) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&word));
+  } else {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&word));
+  }
+}
+
+// Preprocessing, one warp per row of the workspaces (each head's rows padded to kWorkspaceRows):
+// D_i = rowsum(dO ∘ O), read 8 elements (16 bytes) a lane, and the LSE in log2 units. Rows past Nq,
+// and rows that see no key (LSE = -inf), get LSE = +inf: their P = 2^(s − inf) = 0, so they add
+// nothing. Each warp also clears kDim floats of dQ's sum (a row's share of the workspace, whatever
+// its order inside a tile).
+template <typename Element, int kDim>
 __global__ void row_prepare_kernel(const Element* __restrict__ out, const Element* __restrict__ grad_out,
                                    const float* __restrict__ lse, float* __restrict__ lse_log2,
-                                   float* __restrict__ row_delta, int64_t workspace_rows, int q_seq,
-                                   int workspace_head_rows, int dim) {
+                                   float* __restrict__ row_delta, float* __restrict__ grad_q_sum,
+                                   int64_t workspace_rows, int q_seq, int workspace_head_rows, int dim) {
+  constexpr int kVector = 8;  // 16-bit elements in 16 bytes
   const int64_t index = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (index >= workspace_rows) return;
+  for (int d = 4 * lane; d < kDim; d += 4 * kWarpSize) {
+    *reinterpret_cast<float4*>(grad_q_sum + index * kDim + d) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
   const int64_t head = index / workspace_head_rows;
   const int row = static_cast<int>(index % workspace_head_rows);
   float sum = 0.0f;
   float log2_lse = INFINITY;
   if (row < q_seq) {
     const int64_t first = (head * q_seq + row) * dim;
-    for (int d = lane; d < dim; d += kWarpSize) {
-      sum += static_cast<float>(out[first + d]) * static_cast<float>(grad_out[first + d]);
+    for (int d = kVector * lane; d < dim; d += kVector * kWarpSize) {
+      const uint4 o = *reinterpret_cast<const uint4*>(out + first + d);
+      const uint4 grad = *reinterpret_cast<const uint4*>(grad_out + first + d);
+      const unsigned o_words[4] = {o.x, o.y, o.z, o.w};
+      const unsigned grad_words[4] = {grad.x, grad.y, grad.z, grad.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float2 a = unpack_pair<Element>(o_words[w]);
+        const float2 b = unpack_pair<Element>(grad_words[w]);
+        sum += a.x * b.x + a.y * b.y;
+      }
     }
     const float value = lse[head * q_seq + row];
     if (value != -INFINITY) log2_lse = value * kernel::kLog2e;
@@ -211,21 +236,27 @@ __global__ void row_prepare_kernel(const Element* __restrict__ out, const Elemen
   }
 }
 
-// The last step: dQ = scale · (the FP32 sum every key tile added), rounded to the element type,
-// one warp per row of dQ.
+// The last step: dQ = scale · (the FP32 sum every key tile added), rounded to the element type. One
+// thread per float4 of the workspace, so that the reads are whole and side by side; each float4 is
+// two pairs of dQ (part_place), stored as two 4-byte pairs.
 template <typename Element, int kDim>
-__global__ void scale_grad_query_kernel(const float* __restrict__ accumulated, Element* __restrict__ grad_q,
-                                        int64_t rows, int q_seq, int workspace_head_rows, int dim, float scale) {
+__global__ void scale_grad_query_kernel(const float4* __restrict__ accumulated, Element* __restrict__ grad_q,
+                                        int64_t float4s, int q_seq, int workspace_head_rows, int dim, float scale) {
   using T = Tiling<kDim>;
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
-  if (row >= rows) return;
-  const int64_t head = row / q_seq;
-  const int row_in_head = static_cast<int>(row % q_seq);
-  const float* tile =
-      accumulated + (head * workspace_head_rows + row_in_head / T::kQueries * T::kQueries) * int64_t{kDim};
-  for (int d = threadIdx.x % kWarpSize; d < dim; d += kWarpSize) {
-    grad_q[row * dim + d] =
-        kernel::to_element<Element>(tile[grad_query_offset<kDim>(row_in_head % T::kQueries, d)] * scale);
+  constexpr int kTileFloat4s = T::kQueries * kDim / 4;
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= float4s) return;
+  const int64_t tile = index / kTileFloat4s;  // (query head, query tile), tile-major
+  const int tiles_per_head = workspace_head_rows / T::kQueries;
+  const int64_t head = tile / tiles_per_head;
+  const PartPlace place = part_place<kDim>(static_cast<int>(index % kTileFloat4s));
+  if (place.column >= dim) return;  // dim is a multiple of 8: both columns are in or out
+  const float4 sum = accumulated[index];
+  const int row = static_cast<int>(tile % tiles_per_head) * T::kQueries + place.row;
+  Element* first = grad_q + (head * q_seq + row) * dim + place.column;
+  if (row < q_seq) *reinterpret_cast<unsigned*>(first) = kernel::pack_pair<Element>(sum.x * scale, sum.y * scale);
+  if (row + 8 < q_seq) {
+    *reinterpret_cast<unsigned*>(first + 8 * dim) = kernel::pack_pair<Element>(sum.z * scale, sum.w * scale);
   }
 }
 
@@ -260,8 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* value_tile = key_tile + T::kKvTileBytes;
   unsigned char* ring = value_tile + T::kKvTileBytes;
   unsigned char* score_tiles = ring + T::kStages * 2 * T::kQueryTileBytes;
-  float* grad_q_parts = reinterpret_cast<float*>(score_tiles + 2 * T::kScoreTileBytes);  // [kConsumers]
-  float* row_data = grad_q_parts + kConsumers * T::kGradQueryPartBytes / 4;
+  float* row_data = reinterpret_cast<float*>(score_tiles + 2 * T::kScoreTileBytes);
   uint64_t* barriers = reinterpret_cast<uint64_t*>(row_data + T::kStages * 2 * T::kQueries);
   uint64_t* kv_full = barriers;                     // K and V have landed
   uint64_t* slot_full = barriers + 1;               // [kStages]: Q, dO, LSE, D of a step have landed
@@ -369,8 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // Sᵀ = K Qᵀ of a step, once its slot has landed, and dPᵀ = V dOᵀ: kDim / 16 wgmma each,
     // committed as two groups, so that Pᵀ's exponentials run while dPᵀ is still on the tensor
-    // cores. A step issues the next step's Sᵀ before it meets the other consumer for dQ (software
-    // pipelining): the tensor cores have work queued while the consumers wait.
+    // cores.
     float scores[T::kQueries / 2];
     float grad_probs[T::kQueries / 2];
     const auto slot_tile = [&](int step) { return ring + step % T::kStages * 2 * T::kQueryTileBytes; };
@@ -408,7 +437,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
 
     barrier_wait(kv_full, 0);
-    issue_scores(0);  // a block has at least one step
 
 #pragma unroll 1
     for (int step = 0; step < steps; ++step) {
@@ -421,6 +449,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float* slot_delta = slot_lse + T::kQueries;
 
       // This step's dPᵀ behind its Sᵀ; then Sᵀ is done (dPᵀ may still run).
+      issue_scores(step);
       issue_grad_probs(step);
       wgmma_wait<1>();
       fence_registers(scores);
@@ -435,12 +464,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bool masked = causal && key_base + kKeys - 1 - query_base > kv_seq - q_seq;
 #pragma unroll
       for (int j = 0; j < T::kQueries / kMmaColumns; ++j) {
+        const float2 lse = *reinterpret_cast<const float2*>(slot_lse + j * kMmaColumns + 2 * quad);  // both queries
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int query = j * kMmaColumns + 2 * quad + e % 2;
           const int key = key_base + warp_key + group + 8 * (e / 2);
           const bool visible = !masked || key - (query_base + query) <= kv_seq - q_seq;
-          scores[4 * j + e] = visible ? fast_exp2(fmaf(scores[4 * j + e], scale_log2, -slot_lse[query])) : 0.0f;
+          const float row_lse = e % 2 == 0 ? lse.x : lse.y;
+          scores[4 * j + e] = visible ? fast_exp2(fmaf(scores[4 * j + e], scale_log2, -row_lse)) : 0.0f;
         }
       }
       // EXERCISE END
@@ -473,22 +504,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int e = 8 * j + 2 * i;
-          const int query = e / 4 * kMmaColumns + 2 * quad;
-          grad_scores[j][i] = pack_pair<Element>(scores[e] * (grad_probs[e] - slot_delta[query]),
-                                                 scores[e + 1] * (grad_probs[e + 1] - slot_delta[query + 1]));
+          const float2 delta = *reinterpret_cast<const float2*>(slot_delta + e / 4 * kMmaColumns + 2 * quad);
+          grad_scores[j][i] =
+              pack_pair<Element>(scores[e] * (grad_probs[e] - delta.x), scores[e + 1] * (grad_probs[e + 1] - delta.y));
         }
       }
-      const uint64_t query_columns = matrix_descriptor(shared_address(query_slot), T::kQueryPanelBytes, kSwizzleBytes);
-      wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < kQuerySteps; ++j) {
-        wgmma_registers<Element, kDim>(key_grad, grad_scores[j],
-                                       advance_descriptor(query_columns, j * kMmaDepth * kPanelRowBytes));
-      }
-      wgmma_commit();
 
-      // dSᵀ into shared memory for dQ while dV and dK run: rows group and group + 8, query pair
-      // 8·(2j + i / 2) + 2·quad.
+      // dSᵀ into shared memory for dQ while dV runs: rows group and group + 8, query pair
+      // 8·(2j + i / 2) + 2·quad. Steps alternate between two buffers, so this one was last read by
+      // the dQ of two steps ago, which both consumers waited for before they met at the last step.
       unsigned char* score_tile = score_tiles + step % 2 * T::kScoreTileBytes;
 #pragma unroll
       for (int j = 0; j < kQuerySteps; ++j) {
@@ -501,27 +525,13 @@ __global__ void __launch_bounds__(kThreads, 1)
                                        row_offset + chunk * 16) = grad_scores[j][i];
         }
       }
-      // The tensor cores read it through the async proxy: fence, then meet the other consumer.
+      // The tensor cores read it through the async proxy: fence, then meet the other consumer, whose
+      // half of the keys dQ needs as well.
       fence_shared_for_async_proxy();
+      sync_threads(kScoresReadyBarrier, kConsumers * kWarpgroupThreads);
 
-      // dV and dK are done: the fragments are free, and the slot's Q, dO, LSE and D are no longer
-      // read, so every consumer thread arrives (an arrival by one lane per warp after __syncwarp is
-      // enough for the hardware, but compute-sanitizer's racecheck then reports the next bulk copy
-      // of the LSE as racing with the other lanes' reads). The next step's Sᵀ goes to the tensor
-      // cores now, so that it runs while the consumers meet. The last step issues its own again,
-      // unused: a conditional issue makes ptxas serialize every wgmma of the kernel.
-      wgmma_wait<0>();
-      fence_registers(probs);
-      fence_registers(grad_scores);
-      barrier_arrive(&slot_free[slot]);
-      issue_scores(min(step + 1, steps - 1));
-
-      // dQ = dS K over the block's 128 keys: both consumers' dSᵀ must be whole. Each consumer's
-      // previous dQ product (the other buffer) completed before it reached this barrier, so the
-      // next step may overwrite that buffer; and the copy engine has read the consumer's staged dQ
-      // part of the last step (its thread 0 waited), so this step may overwrite that too.
-      if (!kDeterministic && thread == 0) wait_stores_read();
-      sync_threads(kGradQueryBarrier, kConsumers * kWarpgroupThreads);
+      // dQ = dS K over the block's 128 keys, then dK += dSᵀ Q behind it, so that the tensor cores run
+      // dK while this consumer adds dQ's part to the workspace.
       const uint64_t score_descriptor = matrix_descriptor(
           shared_address(score_tile) + query_panel * T::kScorePanelBytes, T::kScorePanelBytes, kSwizzleBytes);
       float query_grad[32];
@@ -532,31 +542,36 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   advance_descriptor(grad_key_descriptor, k * kMmaDepth * kPanelRowBytes), k > 0);
       }
       wgmma_commit();
-      wgmma_wait<0>();
+      const uint64_t query_columns = matrix_descriptor(shared_address(query_slot), T::kQueryPanelBytes, kSwizzleBytes);
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < kQuerySteps; ++j) {
+        wgmma_registers<Element, kDim>(key_grad, grad_scores[j],
+                                       advance_descriptor(query_columns, j * kMmaDepth * kPanelRowBytes));
+      }
+      wgmma_commit();
+      wgmma_wait<1>();  // dV and dQ are done; dK runs
+      fence_registers(probs);
       fence_registers(query_grad);
 
-      // dQ's part into the FP32 workspace, unscaled, in the accumulator order (grad_query_offset).
+      // dQ's part into the FP32 workspace, unscaled, in the accumulator order (part_place): 16-byte
+      // atomic adds (RED.E.ADD.F32x4, the add done in L2), eight a thread, a warp's 512 bytes side by
+      // side, and the consumer goes on at once.
       float* part = grad_q_sum + (static_cast<int64_t>(head) * workspace_head_rows + query_base) * kDim +
                     consumer * kMmaRows * kPanelColumns;
-      if constexpr (!kDeterministic) {
-        // Staged in shared memory (one 16-byte store per 4 accumulators, the warpgroup's 128 threads
-        // side by side), then one instruction: the copy engine adds the 16 KB to L2 while the
-        // consumers go on.
-        float* staged = grad_q_parts + consumer * T::kGradQueryPartBytes / 4;
+      const auto add_part = [&] {
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
-          *reinterpret_cast<float4*>(staged + (t * kWarpgroupThreads + thread) * 4) =
-              make_float4(query_grad[4 * t], query_grad[4 * t + 1], query_grad[4 * t + 2], query_grad[4 * t + 3]);
+          atomicAdd(
+              reinterpret_cast<float4*>(part + (t * kWarpgroupThreads + thread) * 4),
+              make_float4(query_grad[4 * t], query_grad[4 * t + 1], query_grad[4 * t + 2], query_grad[4 * t + 3]));
         }
-        fence_shared_for_async_proxy();
-        sync_threads(2 + consumer, kWarpgroupThreads);
-        if (thread == 0) {
-          reduce_add_to_global(part, shared_address(staged), T::kGradQueryPartBytes);
-          commit_stores();
-        }
+      };
+      if constexpr (!kDeterministic) {
+        add_part();
       } else {
         // Key tile t adds its part after tiles 0 .. t − 1 (every lower tile sees the query tile
-        // too), so the FP32 sum is the same every run: 16-byte atomics, in turns.
+        // too), so the FP32 sum is the same every run: the same atomics, in turns.
         int* turn = turns +
                     ((static_cast<int64_t>(head) * workspace_head_rows + query_base) / T::kQueries) * kConsumers +
                     consumer;
@@ -566,25 +581,27 @@ __global__ void __launch_bounds__(kThreads, 1)
             asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(done) : "l"(turn) : "memory");
           } while (done < key_tile_index);
         }
-        sync_threads(2 + consumer, kWarpgroupThreads);
-#pragma unroll
-        for (int t = 0; t < 8; ++t) {
-          atomicAdd(
-              reinterpret_cast<float4*>(part + (t * kWarpgroupThreads + thread) * 4),
-              make_float4(query_grad[4 * t], query_grad[4 * t + 1], query_grad[4 * t + 2], query_grad[4 * t + 3]));
-        }
+        sync_threads(kTurnBarrier + consumer, kWarpgroupThreads);
+        add_part();
         __threadfence();
-        sync_threads(2 + consumer, kWarpgroupThreads);
+        sync_threads(kTurnBarrier + consumer, kWarpgroupThreads);
         if (thread == 0) atomicAdd(turn, 1);
       }
+
+      // Once dK is done (nothing stays in flight across the loop's back edge, which ptxas would
+      // answer by serializing every wgmma), the slot's Q, dO, LSE and D are no longer read, so every
+      // consumer thread arrives (an arrival by one lane per warp after __syncwarp is enough for the
+      // hardware, but compute-sanitizer's racecheck then reports the next bulk copy of the LSE as
+      // racing with the other lanes' reads).
+      wgmma_wait<0>();
+      fence_registers(grad_scores);
+      barrier_arrive(&slot_free[slot]);
     }
     // Nothing runs on the tensor cores any more (said again for ptxas, which cannot tell that the
-    // loop ran), and the copy engine's last reduce-add has finished before the block's shared
-    // memory goes away.
+    // loop ran).
     wgmma_wait<0>();
-    if (!kDeterministic && thread == 0) wait_stores_done();
 
-      // dK = scale · Σ dSᵀ Q and dV, once: rows key_base + warp_key + group (+ 8), dims 8n + 2·quad, +1.
+    // dK = scale · Σ dSᵀ Q and dV, once: rows key_base + warp_key + group (+ 8), dims 8n + 2·quad, +1.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int key = key_base + warp_key + group + 8 * half;
@@ -666,15 +683,14 @@ Status launch(const BackwardArgs& args) {
   FA_STATUS_TRY(kernel::encode_matrix_stack(value_map, kBf16, args.v, problem.dim, problem.kv_seq,
                                             problem.kv_heads_total(), kPanelColumns, kKeys));
 
-  // 1. D_i = rowsum(dO ∘ O) and the LSE in log2 units; dQ's sum (and the turns) cleared.
+  // 1. D_i = rowsum(dO ∘ O) and the LSE in log2 units; dQ's sum cleared (and the turns).
   constexpr int kRowsPerBlock = 8;
   const int64_t workspace_rows = layout.row_floats;
-  row_prepare_kernel<Element><<<static_cast<unsigned>((workspace_rows + kRowsPerBlock - 1) / kRowsPerBlock),
-                                kRowsPerBlock * kWarpSize, 0, args.stream>>>(
+  row_prepare_kernel<Element, kDim><<<static_cast<unsigned>((workspace_rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                                      kRowsPerBlock * kWarpSize, 0, args.stream>>>(
       static_cast<const Element*>(args.o), static_cast<const Element*>(args.grad_o), args.lse, lse_log2, row_delta,
-      workspace_rows, static_cast<int>(problem.q_seq), head_rows, static_cast<int>(problem.dim));
+      grad_q_sum, workspace_rows, static_cast<int>(problem.q_seq), head_rows, static_cast<int>(problem.dim));
   FA_LAUNCH_TRY();
-  FA_CUDA_TRY(cudaMemsetAsync(grad_q_sum, 0, static_cast<std::size_t>(layout.grad_q_floats) * 4, args.stream));
   if constexpr (kDeterministic) {
     FA_CUDA_TRY(cudaMemsetAsync(turns, 0, static_cast<std::size_t>(layout.turn_count) * 4, args.stream));
   }
@@ -695,11 +711,12 @@ Status launch(const BackwardArgs& args) {
   FA_LAUNCH_TRY();
 
   // 3. dQ = scale · the sum, rounded to the element type.
-  const int64_t rows = problem.q_rows();
+  constexpr int kConvertThreads = 256;
+  const int64_t float4s = layout.grad_q_floats / 4;
   scale_grad_query_kernel<Element, kDim>
-      <<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kRowsPerBlock * kWarpSize, 0,
-         args.stream>>>(grad_q_sum, static_cast<Element*>(args.grad_q), rows, static_cast<int>(problem.q_seq),
-                        head_rows, static_cast<int>(problem.dim), scale);
+      <<<static_cast<unsigned>((float4s + kConvertThreads - 1) / kConvertThreads), kConvertThreads, 0, args.stream>>>(
+          reinterpret_cast<const float4*>(grad_q_sum), static_cast<Element*>(args.grad_q), float4s,
+          static_cast<int>(problem.q_seq), head_rows, static_cast<int>(problem.dim), scale);
   FA_LAUNCH_TRY();
   return Status();
 }
@@ -718,10 +735,11 @@ Status backward(const BackwardArgs& args) {
       args.workspace == nullptr) {
     return Status::unsupported("the backward pass needs Q, K, V, O, dO, LSE, dQ, dK, dV and its workspace");
   }
-  // TMA reads rows of whole 16-byte chunks from 16-byte aligned tensors, and dK, dV are stored in
+  // TMA reads rows of whole 16-byte chunks from 16-byte aligned tensors, D is read 16 bytes at a
+  // time, and dQ, dK, dV are stored in
   // pairs: anything else, and D > 128, is stage 11's.
-  if (!own_kernels_take(args.problem) ||
-      !all_aligned16({args.q, args.k, args.v, args.o, args.grad_o, args.grad_k, args.grad_v, args.workspace})) {
+  if (!own_kernels_take(args.problem) || !all_aligned16({args.q, args.k, args.v, args.o, args.grad_o, args.grad_q,
+                                                         args.grad_k, args.grad_v, args.workspace})) {
     return fallback_stage<Element>().backward(args);
   }
   const bool deterministic = deterministic_grad_query();
