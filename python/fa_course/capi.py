@@ -1,4 +1,4 @@
-"""The course's stages through their C ABI (stages/fa_capi.h), loaded with ctypes: nothing here
+"""The course's stages through their C ABI (api/fa_capi.h), loaded with ctypes: nothing here
 builds against CUDA or PyTorch.
 
     import fa_course
