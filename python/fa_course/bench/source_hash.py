@@ -1,16 +1,6 @@
-#!/usr/bin/env python3
-"""design.md's source_hash: which code produced a results row, blind to comments and whitespace.
-
-  scripts/source_hash.py 04_online_softmax        # the hash a row of 04_online_softmax carries
-  scripts/source_hash.py --all                    # 'STAGE HASH' for every stage folder
-  scripts/source_hash.py --files 12_split_kv      # the files that hash covers
-  scripts/source_hash.py --method torch           # the method hash of the torch kinds
-  scripts/source_hash.py --tree                   # hash of stages/ + common/ (env.txt records it)
-  scripts/source_hash.py --header OUT --stage 04_online_softmax [--nvcc-version 13.0.88]
-                                                  # writes OUT = #define FA_SOURCE_HASH "..." (CMake)
-  scripts/source_hash.py --normalized FILE        # the text that is hashed for FILE (debugging)
-  scripts/source_hash.py --check-build BUILD      # every file the compiler read for a stage is in its hash
-  --root DIR                                      # another tree than this script's repository
+"""The source_hash of the results CSVs (DESIGN.md, "Results CSV"): which code produced a row, blind to
+comments and whitespace. scripts/source_hash.py is its command (CMake, the GPU suite and the
+maintainers call it); fa_course.bench.data and scripts/restamp import it.
 
 A stage's hash covers what decides its rows, and nothing else:
   - its code: the .cu/.cpp files of stages/<stage> and of the stages it links
@@ -19,7 +9,7 @@ A stage's hash covers what decides its rows, and nothing else:
     common/include, whatever #if surrounds it: a superset of what the compiler reads); for each
     common/include/fa/X header in that closure, common/src/X.cpp and its own closure;
   - the CMake files and presets that set its flags (FLAG_FILES, the stages' CMakeLists.txt);
-  - the nvcc version (--nvcc-version, else `nvcc --version` of $CUDACXX, PATH or /usr/local/cuda);
+  - the nvcc version (given, else `nvcc --version` of $CUDACXX, PATH or /usr/local/cuda);
   - the method hashes of the code that times and checks (METHODS): "cpp" (the C++ runner, timing,
     metrics, inputs, reference, report: results.csv, memory.csv) and "torch" (the torch runner and
     its GPU timing: torch.csv, torch_graph.csv). A changed method changes every stage's hash; a
@@ -37,21 +27,19 @@ hash is the first 16 hex digits of a sha256 over "path NUL normalized-content NU
 byte order of path, then the nvcc version and the method hashes (a method hash covers its files'
 contents in METHODS order, not their paths: moving a file keeps it).
 
-Python 3 standard library only: CMake, the GPU suite, python/fa_course/bench/data.py, scripts/restamp
-and the notebooks all call this one file.
+Python 3 standard library only, and self-contained (no import of the package): the command loads
+this file alone, so CMake's call at every build neither needs nor imports PyTorch. Every function
+takes the root of the source tree it hashes.
 """
 
-import argparse
 import hashlib
 import io
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tokenize
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUFFIXES = (".cu", ".cuh", ".cpp", ".hpp", ".h", ".cmake", ".in")
 NAMES = ("CMakeLists.txt",)
 LENGTH = 16
@@ -318,7 +306,7 @@ METHODS = {
 METHOD_OF_KIND = {"results": "cpp", "memory": "cpp", "torch": "torch", "torch_graph": "torch"}
 
 
-def stage_dependencies(stage, root=ROOT):
+def stage_dependencies(stage, root):
     """The stages whose libraries stages/<stage> links (target_link_libraries(... fa_stage_<ID>) in
     its CMakeLists.txt), and theirs, sorted: their kernels run in this stage's rows (stage 12 hands
     prefill shapes to stage 08's, stage 11's forward is stage 08's), so their code is part of the
@@ -394,7 +382,7 @@ def _without_comments(text):
     return "".join(out)
 
 
-def stage_files(stage, root=ROOT):
+def stage_files(stage, root):
     """The files a stage's hash covers (relative paths, sorted): see the module's docstring."""
     if not stage or "/" in stage or stage.startswith("."):
         raise ValueError(f"source_hash: {stage!r} is not a stage folder name (e.g. 04_online_softmax)")
@@ -422,7 +410,7 @@ def stage_files(stage, root=ROOT):
     return sorted(closure, key=lambda p: p.encode())
 
 
-def method_files(method, root=ROOT):
+def method_files(method, root):
     """The files of a method (METHODS), in METHODS order: each found by name under its folder."""
     folder, names = METHODS[method]
     found = {}
@@ -434,11 +422,11 @@ def method_files(method, root=ROOT):
     missing = [n for n in names if n not in found]
     if missing:
         raise FileNotFoundError(f"source_hash: method {method}: no {', '.join(missing)} under {folder}/ "
-                                f"(update METHODS in scripts/source_hash.py if it moved out)")
+                                f"(update METHODS in python/fa_course/bench/source_hash.py if it moved out)")
     return [found[n] for n in names]
 
 
-def method_hash(method, root=ROOT):
+def method_hash(method, root):
     """The hash of a method's files' normalized contents (not their paths) and, for the C++ method,
     the headers of common/include they include."""
     files = method_files(method, root)
@@ -474,19 +462,19 @@ def nvcc_version(explicit=None):
                             "includes the nvcc version; give it with --nvcc-version or FA_NVCC_VERSION")
 
 
-def stage_hash(stage, root=ROOT, nvcc=None):
+def stage_hash(stage, root, nvcc=None):
     """The source_hash a stage's rows carry: its files (stage_files), the nvcc version and the
     method hashes (module docstring)."""
     extra = ["nvcc " + nvcc_version(nvcc)] + [f"method {m} {method_hash(m, root)}" for m in sorted(METHODS)]
     return hash_files(root, stage_files(stage, root), ["source_hash v2"] + extra)
 
 
-def tree_hash(root=ROOT):
+def tree_hash(root):
     """The source_hash of stages/ and common/ (what env.txt records as the tree's hash)."""
     return hash_folders(root, ["stages", "common"])
 
 
-def stages(root=ROOT):
+def stages(root):
     """The stage folders of the tree (NN_name), in course order."""
     folder = os.path.join(root, "stages")
     return sorted(s for s in os.listdir(folder) if re.match(r"^[0-9][0-9]_", s) and
@@ -518,7 +506,7 @@ def compiler_dependencies(build):
     return found
 
 
-def check_dependencies(build, root=ROOT):
+def check_dependencies(build, root):
     """The files the compiler read for each stage's objects (stages/<stage>/ of the build) that its
     hash does not cover: [] when stage_files() holds every file of the tree the compiler read."""
     missing = []
@@ -541,7 +529,7 @@ def check_dependencies(build, root=ROOT):
     return missing
 
 
-def write_header(output, stage, root=ROOT, nvcc=None):
+def write_header(output, stage, root, nvcc=None):
     """Writes the C header with FA_SOURCE_HASH, only when its text changed (nothing rebuilds
     needlessly). Returns the hash."""
     value = stage_hash(stage, root, nvcc)
@@ -559,58 +547,3 @@ def write_header(output, stage, root=ROOT, nvcc=None):
         handle.write(content)
     os.replace(temporary, output)
     return value
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage_arg", nargs="?", metavar="STAGE", help="stage folder name, e.g. 04_online_softmax")
-    parser.add_argument("--tree", action="store_true", help="hash stages/ and common/")
-    parser.add_argument("--header", metavar="OUT", help="write the C header FA_SOURCE_HASH to OUT (needs --stage)")
-    parser.add_argument("--stage", help="the stage of --header")
-    parser.add_argument("--all", action="store_true", help="print 'STAGE HASH' for every stage folder")
-    parser.add_argument("--files", action="store_true", help="print the files STAGE's hash covers")
-    parser.add_argument("--method", choices=sorted(METHODS), help="print a method's hash (--files: its files)")
-    parser.add_argument("--nvcc-version", help="the nvcc version (default: ask nvcc)")
-    parser.add_argument("--normalized", metavar="FILE", help="print FILE as it is hashed")
-    parser.add_argument("--check-build", metavar="BUILD", help="fail unless every file of the tree the compiler "
-                        "read for a stage's objects in BUILD is in the stage's hash")
-    parser.add_argument("--root", default=ROOT, help="the repository root (default: %(default)s)")
-    args = parser.parse_args(argv)
-    root = os.path.abspath(args.root)
-    stage = args.stage or args.stage_arg
-    try:
-        if args.normalized:
-            print(normalize(args.normalized, read_text(args.normalized)))
-        elif args.check_build:
-            missing = check_dependencies(os.path.abspath(args.check_build), root)
-            for line in missing:
-                print(f"not in the stage's hash: {line}")
-            if missing:
-                return 1
-            print(f"every file the compiler read for the stages' objects in {args.check_build} is in their hashes")
-        elif args.header:
-            if not stage:
-                parser.error("--header needs --stage STAGE")
-            write_header(args.header, stage, root, args.nvcc_version)
-        elif args.tree:
-            print(tree_hash(root))
-        elif args.method:
-            print("\n".join(method_files(args.method, root)) if args.files else method_hash(args.method, root))
-        elif args.all:
-            for name in stages(root):
-                print(name, stage_hash(name, root, args.nvcc_version))
-        elif stage and args.files:
-            print("\n".join(stage_files(stage, root)))
-        elif stage:
-            print(stage_hash(stage, root, args.nvcc_version))
-        else:
-            parser.error("give a STAGE, --all, --files STAGE, --method M, --tree, --header OUT --stage STAGE "
-                         "or --normalized FILE")
-    except (OSError, ValueError) as error:
-        print(error, file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
