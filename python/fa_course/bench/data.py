@@ -36,7 +36,6 @@ name.
 """
 
 import argparse
-import importlib.util
 import os
 import re
 import shutil
@@ -44,6 +43,7 @@ import sys
 
 from . import results as csv_files
 from . import schema
+from . import source_hash
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -257,26 +257,18 @@ def rewrite(folder):
 
 # ---- which rows are current ----
 
-def _source_hash_module(root):
-    path = os.path.join(root, "scripts", "source_hash.py")
-    spec = importlib.util.spec_from_file_location("fa_source_hash", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def stage_folder(stage):
     """The stage folder of a results row's stage (`07_fp16_pipelined/bf16` -> `07_fp16_pipelined`)."""
     return stage.split("/", 1)[0]
 
 
 def current_hashes(stages, root=REPO):
-    """{stage folder: scripts/source_hash.py STAGE} for the stage folders this tree has."""
-    module = _source_hash_module(root)
+    """{stage folder: its source_hash (scripts/source_hash.py STAGE)} for the stage folders the tree
+    at `root` has."""
     hashes = {}
     for stage in sorted(set(stages)):
         if os.path.isdir(os.path.join(root, "stages", stage)):
-            hashes[stage] = module.stage_hash(stage, root)
+            hashes[stage] = source_hash.stage_hash(stage, root)
     return hashes
 
 
