@@ -17,9 +17,9 @@ A data folder holds one file per kind:
                    identical, which carry rows measured with one source_hash over to another
 
 and, besides, the stages' walkthrough output (walkthrough_NN.txt), Nsight Compute reports (ncu/),
-the training example's loss curves and log (training/: scripts/train_attention.py --csv, drawn by
-notebooks/training.ipynb) and the GPU suite's running log (gpu_suite_log.txt), none of them merged
-row by row. Files written before
+the training example's loss curves and log (training/: python/examples/train_attention.py --csv,
+drawn by notebooks/training.ipynb) and the GPU suite's running log (gpu_suite_log.txt), none of them
+merged row by row. Files written before
 the general shapes (B, H, N, D; no pass) are converted on read: H is Hq = Hkv, N is Nq = Nk, pass is
 fwd (and traffic rows without causal are non-causal).
 
