@@ -1,4 +1,4 @@
-# design.md's source_hash (scripts/source_hash.py) ignores comments and whitespace but no token, and
+# DESIGN.md's source_hash (scripts/source_hash.py) ignores comments and whitespace but no token, and
 # the data folders under plots/data/ are coherent (python/fa_course/bench/data.py). Included from
 # tests/CMakeLists.txt; the same file, run with cmake -P, is the body of the first test, which works
 # on a copy of stages/<stage> and common/ in the build tree, never on the source tree.

@@ -1,4 +1,4 @@
-"""One coherent data set per GPU (design.md, "Results CSV"): read, check, merge and date the data
+"""One coherent data set per GPU (DESIGN.md, "Results CSV"): read, check, merge and date the data
 folder plots/data/<gpu>/. Python 3 standard library only, so the GPU suite runs it on an offline
 machine; the notebooks turn what it reads into pandas frames.
 
@@ -88,7 +88,7 @@ class DataError(Exception):
 
 
 def gpu_folder_name(gpu):
-    """plots/data/<this>/ for a device name: spaces become _ (design.md)."""
+    """plots/data/<this>/ for a device name: spaces become _ (DESIGN.md)."""
     return csv_files.gpu_folder(gpu.strip())
 
 
@@ -102,7 +102,7 @@ def row_key(kind, row):
 def read_kind(path, kind):
     """The rows of one kind's file as dicts of strings (the text as written) in the kind's current
     columns, legacy headers converted; DataError on a header of another kind, a key twice, a
-    malformed line, a pass or status design.md does not know."""
+    malformed line, a pass or status DESIGN.md does not know."""
     try:
         rows = csv_files.read_csv(path, kind.schema_kind, duplicates="error", typed=False)[1]
     except (csv_files.SchemaError, ValueError) as error:
