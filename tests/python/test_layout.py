@@ -12,8 +12,8 @@ import _support
 
 PACKAGE = os.path.join(_support.REPO, "python", "fa_course")
 DESIGN = os.path.join(_support.REPO, "DESIGN.md")
-# A section cited by name: DESIGN.md, "Results CSV" / DESIGN.md ("Tests") / DESIGN.md's "one ..."
-CITED_SECTION = re.compile(r'DESIGN\.md`?(?:,|\'s)?\s*\(?"([^"]+)"')
+# A section cited by name: DESIGN.md, "Results CSV", DESIGN.md ("Tests") or DESIGN.md's "Build"
+CITED_SECTION = re.compile(r'DESIGN\.md`?(?:,|\'s)?\s*\(?"([^"\n]+)"')
 LOWER_CASE_NAME = re.compile(r"\bdesign\.md\b")
 
 
