@@ -59,7 +59,7 @@ class Layout(unittest.TestCase):
                 self.assertIn(section.lower(), headings, f"{path} cites DESIGN.md's \"{section}\", which it lacks")
 
     def test_the_readme_layout_lists_every_top_level_folder(self):
-        folders = sorted({path.split("/")[0] for path in self.files if "/" in path and not path.startswith(".")})
+        folders = sorted({path.split("/")[0] for path in self.files if "/" in path})
         readme = read("README.md")
         layout = readme[readme.index("## Layout"):]
         layout = layout[:layout.index("\n## ", 1)]
