@@ -6,7 +6,7 @@
 # runs the first, and the course and the C ABI see them all. It builds:
 #   fa_stage_<ID>   a library with the stage (linked by tests, the course and the C ABI)
 #   <ID>            the stage's executable (bin/<ID>), the shared command line of common/
-# and generates <fa_source_hash.h> with FA_SOURCE_HASH, the source_hash of design.md's results CSV
+# and generates <fa_source_hash.h> with FA_SOURCE_HASH, the source_hash of DESIGN.md's results CSV
 # (scripts/source_hash.py: the stage's include closure, the stages it links, its CMake flags, this
 # nvcc's version and the timing methods; comments and whitespace ignored), recomputed at every
 # build so a binary always reports the code it was built from.

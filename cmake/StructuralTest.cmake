@@ -3,7 +3,7 @@
 #
 # Compiles a stage's kernel file (the student copy when FA_EXERCISE selects the stage) to PTX for one architecture at build time, and adds a test
 # that fails unless every PATTERN occurs in it: the way CI, without a GPU, sees that a kernel
-# uses the idea of its stage (design.md, "Tests").
+# uses the idea of its stage (DESIGN.md, "Tests").
 #
 # fa_add_spill_test(NAME <test name> STAGE <stage id> SOURCE <.cu file name> ARCH <sm number>)
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The device's measured ceilings, the roofs the stages are plotted under (design.md).
+"""The device's measured ceilings, the roofs the stages are plotted under (DESIGN.md).
 
   fp32_sgemm_tf32_off   FP32 matmul 8192^3 with TF32 off (CUDA cores): the roof of stages 01-05
   fp16_tensor_matmul    FP16 matmul 8192^3, FP32 accumulation (tensor cores): stages 06-08

@@ -4,7 +4,7 @@
 The command line over fa_course.bench.torch_runner (python/fa_course/bench/torch_runner.py says what is run and
 checked): each chosen GPU stage through the C ABI on PyTorch tensors of its precision, and PyTorch's
 SDPA with each backend forced (torch_flash, torch_efficient, torch_cudnn, torch_math; torch_default
-on request), all compared with a float64 reference and timed with CUDA events. Rows (design.md's
+on request), all compared with a float64 reference and timed with CUDA events. Rows (DESIGN.md's
 results schema) are merged into --out: a row replaces the one with the same key (stage, gpu, shape,
 dtype, causal, pass); a file with the older B,H,N,D header is rewritten in the current one.
 

@@ -5,7 +5,7 @@
 set -euo pipefail
 source "$(dirname "$0")/lib/setup.sh"
 
-# The options of fa_course (stages/course_main.cpp, common/src/cli.cpp), for --help before the
+# The options of fa_course (api/course_main.cpp, common/src/cli.cpp), for --help before the
 # first build; a test checks that fa_course still has every one of them.
 course_options="--batch --heads --kv-heads --seq --seq-k --dim --causal --lse --seed --warmup --reps --check --no-check --check-rows --walkthrough --csv"
 

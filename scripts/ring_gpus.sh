@@ -93,7 +93,7 @@ phase_torch() {
 
 phase_train() {
   local status=0
-  timeout 180 python3 -m torch.distributed.run --standalone --nproc_per_node=2 "$repo/scripts/train_ring.py" \
+  timeout 180 python3 -m torch.distributed.run --standalone --nproc_per_node=2 "$repo/python/examples/train_ring.py" \
     --steps 150 --seq 4096 --batch 8 --print-every 50 >"$out/train.log" 2>&1 || status=1
   grep -E '^ *[0-9]+ |ranks|final losses|Error' "$out/train.log" | tail -n 8
   echo "train: $([ $status -eq 0 ] && echo ok || echo "FAILED (see $out/train.log)")"

@@ -3,6 +3,7 @@
 committed notebooks keep no outputs. Exits non-zero when a notebook raises. The data folder (--data,
 else every folder under plots/data/) is checked first (python/fa_course/bench/data.py: one file per kind,
 no duplicate key), so an incoherent one fails here with one message instead of inside a notebook.
+The notebooks import this checkout's package (python/ first on their PYTHONPATH).
 
   python3 scripts/run_notebooks.py                      # data: the one folder under plots/data/
   python3 scripts/run_notebooks.py --data DIR --plots /tmp/plots notebooks/memory.ipynb
@@ -31,7 +32,11 @@ def main():
     except ImportError as error:
         print(f"run_notebooks: {error}; install the pinned tools: pip install -r requirements.txt", file=sys.stderr)
         return 2
-    sys.path.insert(0, os.path.join(ROOT, "python"))
+    # The notebooks read the data through this checkout's package (fa_course.bench), here and in
+    # their kernels, whatever else the environment has on its path.
+    package = os.path.join(ROOT, "python")
+    sys.path.insert(0, package)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p)
     from fa_course.bench import data as fa_dataset
 
     folders = [args.data] if args.data else sorted(

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints a results CSV (design.md schema, read with fa_course.bench.results: older B,H,N,D files too) as a
+"""Prints a results CSV (DESIGN.md schema, read with fa_course.bench.results: older B,H,N,D files too) as a
 short table: TFLOP/s per stage and shape, then causal over non-causal time where a shape has both.
 
   python3 scripts/summarize_results.py plots/data/NVIDIA_H200/results.csv

@@ -188,7 +188,7 @@ def profile(ncu, executable, problem, timeout, exclude, workdir):
     try:
         rows = results.read_results(row_csv, duplicates="last") if os.path.exists(row_csv) else []
     except results.SchemaError as error:
-        die(f"{name} wrote a CSV that is not design.md's results schema: {error}")
+        die(f"{name} wrote a CSV that is not DESIGN.md's results schema: {error}")
     if not rows:
         print(f"  {label}: the stage wrote no CSV row")
         return None

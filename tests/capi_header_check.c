@@ -1,4 +1,4 @@
-/* Compiled as C99 by ctest ("capi: the header compiles as C"): stages/fa_capi.h must stay a C
+/* Compiled as C99 by ctest ("capi: the header compiles as C"): api/fa_capi.h must stay a C
  * header, and its structs must have the layout it documents (the one ctypes mirrors), in C too. */
 #include <stddef.h>
 

@@ -1,4 +1,4 @@
-// The C ABI (stages/fa_capi.h) from C++. Most cases run the CPU stage or are refused before any
+// The C ABI (api/fa_capi.h) from C++. Most cases run the CPU stage or are refused before any
 // GPU is touched, so they run without a GPU: general problems (GQA, Nq != Nk, bottom-right causal)
 // and the log-sum-exp reach the stage; version 1 still works; the size prefixes follow the
 // header's rule; every stage's features come through, and what a stage leaves out is refused

@@ -252,7 +252,7 @@ TEST_CASE("common: architectures are a minimum, or one exact target") {
   CHECK_FALSE(fa::stage_unavailable_reason(stage, blackwell).empty());
 }
 
-TEST_CASE("common: CSV rows follow design.md's header") {
+TEST_CASE("common: CSV rows follow DESIGN.md's header") {
   fa::ResultRow row;
   row.stage = "04_online_softmax";
   row.gpu = "NVIDIA H100 80GB HBM3";

@@ -1,4 +1,4 @@
-// The shared test contract every GPU stage runs (design.md), and the helpers GPU tests use.
+// The shared test contract every GPU stage runs (DESIGN.md), and the helpers GPU tests use.
 //
 // In a stage's test file:
 //   #include "gpu_contract.hpp"

@@ -295,7 +295,7 @@ endforeach()
 
 # The stage READMEs speak to the student, not about how the course was made: no run numbers of the
 # GPU suite ("call 7"), no tracker issue ("issue 48", "the issue says"; an instruction's issue is
-# fine), no "the bar", no shapes named after the documents they came from ("seed 001"): design.md
+# fine), no "the bar", no shapes named after the documents they came from ("seed 001"): DESIGN.md
 # names them "the standard sweep" and "the large-head shapes".
 add_test(NAME "common: stage READMEs name no suite calls, issues, bars or seed documents"
          COMMAND sh -c [=[
@@ -308,7 +308,7 @@ echo "no stage README names a suite call, an issue, a bar or a seed document"]=]
 add_test(NAME "common: plots/tables and the README's headline table are what plots/data gives"
          COMMAND python3 ${PROJECT_SOURCE_DIR}/scripts/make_tables.py --check)
 
-# Every stage README is a lesson read in one sitting (design.md): under 300 lines, an exercise
+# Every stage README is a lesson read in one sitting (DESIGN.md): under 300 lines, an exercise
 # section, a "Tried and dropped" list, the glossary linked; and no README names a run by its time
 # of day ("the 11:18Z run") or a code hash ("source_hash 10ea438b6c147adb", "commit e83d1b5"): the
 # generated tables in plots/tables/ state the date and code of their run once.

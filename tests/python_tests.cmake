@@ -1,5 +1,5 @@
 # The Python package (python/fa_course) in ctest: its unit tests (schema formulas, CSV reading and
-# writing, the ctypes declarations against stages/fa_capi.h, the CPU stage through the C ABI, the
+# writing, the ctypes declarations against api/fa_capi.h, the CPU stage through the C ABI, the
 # choice of stages for the PyTorch op), and the check that the stage executables write the CSV
 # header of fa_course.bench.schema. No GPU, no PyTorch, no NumPy: any Python 3.9+ runs them. Then the
 # PyTorch op's tests (pytest), which skip without PyTorch. Included from tests/CMakeLists.txt.

@@ -1,4 +1,4 @@
-# design.md's source_hash (scripts/source_hash.py) ignores comments and whitespace but no token, and
+# DESIGN.md's source_hash (scripts/source_hash.py) ignores comments and whitespace but no token, and
 # the data folders under plots/data/ are coherent (python/fa_course/bench/data.py). Included from
 # tests/CMakeLists.txt; the same file, run with cmake -P, is the body of the first test, which works
 # on a copy of stages/<stage> and common/ in the build tree, never on the source tree.
@@ -53,7 +53,7 @@ foreach(flag_file CMakeLists.txt CMakePresets.json cmake/CudaArchitectures.cmake
   get_filename_component(folder ${tree}/${flag_file} DIRECTORY)
   file(COPY ${ROOT}/${flag_file} DESTINATION ${folder})  # what sets the stage's flags (FLAG_FILES)
 endforeach()
-foreach(method_file torch_runner.py torch_gpu.py)  # the methods' files (scripts/source_hash.py METHODS)
+foreach(method_file torch_runner.py torch_gpu.py)  # the methods' files (fa_course.bench.source_hash METHODS)
   file(GLOB_RECURSE found ${ROOT}/python/${method_file})
   file(COPY ${found} DESTINATION ${tree}/python)
 endforeach()

@@ -1,4 +1,4 @@
-# Structural tests (design.md): the compiled PTX of a stage whose idea is about how the kernel
+# Structural tests (DESIGN.md): the compiled PTX of a stage whose idea is about how the kernel
 # runs must contain the instructions of that idea. They run in CI without a GPU.
 foreach(arch 75 90)
   fa_add_structural_test(NAME "stage05: PTX has 128-bit global and shared accesses (sm_${arch})"

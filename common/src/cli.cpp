@@ -103,7 +103,7 @@ ParseResult parse_command_line(const std::string& program, int64_t max_dim, cons
       ->check(whole_number(1, int64_t{1} << 30, "--check-rows"));
   app.add_flag("--walkthrough", line.walkthrough,
                "run the N=4 walkthrough fixture (tiles of 2 keys) and print it beside the exact values");
-  app.add_option("--csv", line.csv_path, "append the result row to this CSV file (design.md schema)");
+  app.add_option("--csv", line.csv_path, "append the result row to this CSV file (DESIGN.md schema)");
 
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 consumes from the back
   try {

@@ -1,4 +1,4 @@
-"""The course's stages through their C ABI (stages/fa_capi.h), loaded with ctypes: nothing here
+"""The course's stages through their C ABI (api/fa_capi.h), loaded with ctypes: nothing here
 builds against CUDA or PyTorch.
 
     import fa_course
@@ -264,7 +264,7 @@ class Stage:
     "sm_90a"; min_compute_capability: 80 for sm_80 (0: CPU); features: a frozenset of "causal",
     "grouped", "rectangular", "lse", "backward"; feature_flags: the same as fa_feature bits;
     kv_passes: K+V reads per query tile the traffic model expects (1.0 FlashAttention, 2.0 for stage
-    03's three passes; None from a version 1 library); source_hash: design.md's source_hash.
+    03's three passes; None from a version 1 library); source_hash: DESIGN.md's source_hash.
     """
 
     id: str

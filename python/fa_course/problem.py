@@ -1,4 +1,4 @@
-"""An attention problem: the general (B, Hq, Hkv, Nq, Nk, D, causal) shape of design.md, its text
+"""An attention problem: the general (B, Hq, Hkv, Nq, Nk, D, causal) shape of DESIGN.md, its text
 form, and what it costs (the FLOP and byte counts every results row is computed from, written
 once here); what the library's calls take and what fa_course.attention derives from its tensors.
 

@@ -63,7 +63,7 @@ ensure_cuda_toolkit() {
   fi
 }
 
-# A CMake >= $fa_cmake_minimum from pip, into .venv, where the system's is older (design.md).
+# A CMake >= $fa_cmake_minimum from pip, into .venv, where the system's is older (DESIGN.md).
 ensure_cmake_version() {
   local version
   version=$(cmake --version | head -n1 | grep -oE '[0-9]+\.[0-9]+' | head -n1)

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 
 from fa_course import capi  # noqa: E402
 
-HEADER = os.path.join(REPO, "stages", "fa_capi.h")
+HEADER = os.path.join(REPO, "api", "fa_capi.h")
 
 
 def require_library() -> bool:

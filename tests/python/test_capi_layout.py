@@ -1,4 +1,4 @@
-"""The ctypes declarations of fa_course.capi against stages/fa_capi.h: struct fields (names, order,
+"""The ctypes declarations of fa_course.capi against api/fa_capi.h: struct fields (names, order,
 types), enum values, and every exported function's prototype. Read from the header's text, so this
 needs no build; where a C compiler exists, sizeof and offsetof of every field are compared too."""
 

@@ -228,7 +228,7 @@ class CpuForward(LibraryTestCase):
                 self.run_problem(name + " lse", problem, with_lse=True)
 
     def test_the_reference_stage_takes_general_shapes(self):
-        """design.md: the reference takes grouped, Nq != Nk and causal problems and writes the LSE."""
+        """DESIGN.md: the reference takes grouped, Nq != Nk and causal problems and writes the LSE."""
         if self.library.abi_version < 2:
             self.skipTest("a version 1 library takes square problems only")
         self.assertTrue({"causal", "grouped", "rectangular", "lse"} <= self.library.stage(CPU_STAGE).features)

@@ -210,7 +210,7 @@ class WithoutTorch(unittest.TestCase):
             self.assertFalse([m for m in imported if "bench" in m], name)
 
     def test_the_training_example_refuses_clearly(self):
-        script = os.path.join(_support.REPO, "scripts", "train_attention.py")
+        script = os.path.join(_support.REPO, "python", "examples", "train_attention.py")
         done = self.run_python(f"import runpy; sys.argv = [{script!r}]; runpy.run_path({script!r}, "
                                f"run_name='__main__')")
         self.assertEqual(done.returncode, 2, done.stderr)

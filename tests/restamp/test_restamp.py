@@ -114,6 +114,20 @@ class MachineCode(unittest.TestCase):
         self.assertEqual(blanked, b"_ZN34_GLOBAL__N__00000000_8_scale_cu_000000005scaleEPfPKffi")
         self.assertEqual(restamp.normalize_bytes(b"scale_1a2b3c4d", []), b"scale_1a2b3c4d")
 
+    def test_the_number_of_a_nested_anonymous_namespace_is_blanked_whatever_its_digits(self):
+        """nvcc appends to a nested anonymous namespace a number that differs from one compile of the
+        same file to the next (stage 12's split_kv_wgmma.cu: _8201, then _20615); a kernel's host stub
+        and its guard variable carry the kernel's name, so their lengths change with it."""
+        def guard(number, kernel=b"5scale"):
+            namespace = b"_GLOBAL__N__1a2b3c4d_8_scale_cu_9f8e7d6c_" + number
+            mangled = b"_ZN2fa8split_kv%d%s%sEPf" % (len(namespace), namespace, kernel)
+            stub = b"__device_stub_" + mangled
+            return b"_ZGVZL%d%sE5__tmp" % (len(stub), stub)
+
+        normalized = restamp.normalize_bytes(guard(b"8201"), [])
+        self.assertEqual(restamp.normalize_bytes(guard(b"20615"), []), normalized)
+        self.assertNotEqual(restamp.normalize_bytes(guard(b"8201", b"5scalf"), []), normalized)
+
 
 def row(stage, source_hash_value, kind_note=""):
     fields = dict(stage=stage, gpu="NVIDIA H200", B=1, Hq=32, Hkv=8, Nq=1, Nk=4096, D=128, dtype="fp16", causal=0,

@@ -126,8 +126,8 @@ def make_problem(shape, dtype, device, seed=0):
 
 
 def load_training_example():
-    """scripts/train_attention.py as a module: its model is the one the training example trains."""
-    path = os.path.join(availability.REPO, "scripts", "train_attention.py")
+    """python/examples/train_attention.py as a module: its model is the one the training example trains."""
+    path = os.path.join(availability.REPO, "python", "examples", "train_attention.py")
     spec = importlib.util.spec_from_file_location("train_attention", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -223,7 +223,7 @@ class OpChecks:
             torch.testing.assert_close(b.grad, a.grad, atol=1e-2, rtol=1e-2, msg=f"d{name} compiled vs eager")
 
     def test_the_training_example_compiles_without_graph_breaks(self, ops):
-        """The training example's model (scripts/train_attention.py, small) with our op: no graph break
+        """The training example's model (python/examples/train_attention.py, small) with our op: no graph break
         in torch._dynamo.explain, and one compiled training step gives eager's loss and gradients."""
         example = load_training_example()
         args = example.parse_args(["--layers", "2", "--heads", "4", "--kv-heads", "2", "--seq", "32", "--head-dim",

@@ -1,4 +1,4 @@
-// The causal rule, written once for host and device code (design.md, "General shapes").
+// The causal rule, written once for host and device code (DESIGN.md, "General shapes").
 //
 // With Nq query rows and Nk keys the mask is aligned to the bottom-right corner: the last query
 // row sees every key, and query row i sees keys 0 .. i + (Nk - Nq). With Nq = Nk that is the

@@ -1,4 +1,4 @@
-// Deterministic inputs, conversion to the stage precisions, and the fixtures of design.md.
+// Deterministic inputs, conversion to the stage precisions, and the fixtures of DESIGN.md.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +30,7 @@ std::vector<float> random_output_gradient(const Problem& problem, uint64_t seed)
 std::vector<unsigned char> encode(const std::vector<float>& values, Precision precision);
 std::vector<float> decode(const std::vector<unsigned char>& bytes, Precision precision);
 
-// The N=4, D=2 walkthrough of design.md (tile size kWalkthroughTile).
+// The N=4, D=2 walkthrough of DESIGN.md (tile size kWalkthroughTile).
 constexpr int64_t kWalkthroughTile = 2;
 Inputs walkthrough_inputs();
 

@@ -1,4 +1,4 @@
-// One result row, shared by the console table and the results CSV of design.md.
+// One result row, shared by the console table and the results CSV of DESIGN.md.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +29,7 @@ struct ResultRow {
   double speedup = 0.0;  // over the previous row in a progression table; 0 if none
 };
 
-// The columns of design.md's results CSV (python/fa_course/schema.py holds the same list).
+// The columns of DESIGN.md's results CSV (python/fa_course/bench/schema.py holds the same list).
 const std::vector<std::string>& csv_header();
 std::string csv_line(const ResultRow& row);
 // Appends rows to `path`, writing the header first when the file is new or empty.

@@ -134,7 +134,7 @@ struct StageDescriptor {
   // How many times the stage reads each K/V tile per query tile (stage 03's three passes read K
   // three times and V once: 2); what the traffic model of scripts/ expects from it.
   double kv_passes = 1.0;
-  const char* source_hash = "";  // hash of stages/<id> and common/ (see design.md)
+  const char* source_hash = "";  // the source_hash of its rows (DESIGN.md, "Results CSV")
 };
 
 int64_t workspace_bytes(const StageDescriptor& stage, const Problem& problem, Pass pass = Pass::forward);

@@ -1,8 +1,8 @@
 """The library's names as the benchmark tools import them, and the checkout they write into.
 
 torch_runner.py imports these from `.capi`: its tokens are the torch method hash
-(scripts/source_hash.py METHODS), which every stage's source_hash includes, so the runner keeps them
-as they were measured with rather than restaling every torch row for an import line.
+(fa_course.bench.source_hash METHODS), which every stage's source_hash includes, so the runner
+keeps them as they were measured with rather than restaling every torch row for an import line.
 """
 
 import os

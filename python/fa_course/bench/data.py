@@ -1,4 +1,4 @@
-"""One coherent data set per GPU (design.md, "Results CSV"): read, check, merge and date the data
+"""One coherent data set per GPU (DESIGN.md, "Results CSV"): read, check, merge and date the data
 folder plots/data/<gpu>/. Python 3 standard library only, so the GPU suite runs it on an offline
 machine; the notebooks turn what it reads into pandas frames.
 
@@ -17,9 +17,9 @@ A data folder holds one file per kind:
                    identical, which carry rows measured with one source_hash over to another
 
 and, besides, the stages' walkthrough output (walkthrough_NN.txt), Nsight Compute reports (ncu/),
-the training example's loss curves and log (training/: scripts/train_attention.py --csv, drawn by
-notebooks/training.ipynb) and the GPU suite's running log (gpu_suite_log.txt), none of them merged
-row by row. Files written before
+the training example's loss curves and log (training/: python/examples/train_attention.py --csv,
+drawn by notebooks/training.ipynb) and the GPU suite's running log (gpu_suite_log.txt), none of them
+merged row by row. Files written before
 the general shapes (B, H, N, D; no pass) are converted on read: H is Hq = Hkv, N is Nq = Nk, pass is
 fwd (and traffic rows without causal are non-causal).
 
@@ -36,7 +36,6 @@ name.
 """
 
 import argparse
-import importlib.util
 import os
 import re
 import shutil
@@ -44,6 +43,7 @@ import sys
 
 from . import results as csv_files
 from . import schema
+from . import source_hash
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -88,7 +88,7 @@ class DataError(Exception):
 
 
 def gpu_folder_name(gpu):
-    """plots/data/<this>/ for a device name: spaces become _ (design.md)."""
+    """plots/data/<this>/ for a device name: spaces become _ (DESIGN.md)."""
     return csv_files.gpu_folder(gpu.strip())
 
 
@@ -102,7 +102,7 @@ def row_key(kind, row):
 def read_kind(path, kind):
     """The rows of one kind's file as dicts of strings (the text as written) in the kind's current
     columns, legacy headers converted; DataError on a header of another kind, a key twice, a
-    malformed line, a pass or status design.md does not know."""
+    malformed line, a pass or status DESIGN.md does not know."""
     try:
         rows = csv_files.read_csv(path, kind.schema_kind, duplicates="error", typed=False)[1]
     except (csv_files.SchemaError, ValueError) as error:
@@ -257,26 +257,18 @@ def rewrite(folder):
 
 # ---- which rows are current ----
 
-def _source_hash_module(root):
-    path = os.path.join(root, "scripts", "source_hash.py")
-    spec = importlib.util.spec_from_file_location("fa_source_hash", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def stage_folder(stage):
     """The stage folder of a results row's stage (`07_fp16_pipelined/bf16` -> `07_fp16_pipelined`)."""
     return stage.split("/", 1)[0]
 
 
 def current_hashes(stages, root=REPO):
-    """{stage folder: scripts/source_hash.py STAGE} for the stage folders this tree has."""
-    module = _source_hash_module(root)
+    """{stage folder: its source_hash (scripts/source_hash.py STAGE)} for the stage folders the tree
+    at `root` has."""
     hashes = {}
     for stage in sorted(set(stages)):
         if os.path.isdir(os.path.join(root, "stages", stage)):
-            hashes[stage] = module.stage_hash(stage, root)
+            hashes[stage] = source_hash.stage_hash(stage, root)
     return hashes
 
 

@@ -1,4 +1,4 @@
-"""Reading and writing the CSV files of design.md ("Results CSV") with the columns of schema.py; no
+"""Reading and writing the CSV files of DESIGN.md ("Results CSV") with the columns of schema.py; no
 pandas needed (pandas.DataFrame(read_results(path)) gives a frame).
 
     from fa_course.bench import results
@@ -49,7 +49,7 @@ LEGACY_KINDS = {
 
 
 class SchemaError(ValueError):
-    """A file or row that does not fit design.md's schema (unknown header or column, duplicate key)."""
+    """A file or row that does not fit DESIGN.md's schema (unknown header or column, duplicate key)."""
 
 
 # ---- kinds and conversion ------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def key_of(row: Dict, key: Sequence[str] = schema.RESULTS_KEY) -> tuple:
 def read_csv(path: PathLike, kind: Optional[str] = None, duplicates: str = "error",
              typed: bool = True) -> Tuple[str, List[Dict]]:
     """(kind, rows) of a CSV file of any known kind, legacy files converted to the current columns.
-    `kind` (when given) must match. `duplicates`: 'error' (the default, design.md: readers fail
+    `kind` (when given) must match. `duplicates`: 'error' (the default, DESIGN.md: readers fail
     loudly) or 'last' (a later row replaces an earlier one with its key, in the earlier one's place).
     `typed`: convert values (see the module docstring); else every value is a str."""
     if duplicates not in ("error", "last"):
@@ -162,7 +162,7 @@ def read_csv(path: PathLike, kind: Optional[str] = None, duplicates: str = "erro
         if row_key in where:
             if duplicates == "error":
                 raise SchemaError(f"{path}:{line_number}: the key {dict(zip(key, row_key))} appears twice "
-                                  f"(design.md: one row per key; merge_results replaces rows instead of adding)")
+                                  f"(DESIGN.md: one row per key; merge_results replaces rows instead of adding)")
             rows[where[row_key]] = row
             continue
         where[row_key] = len(rows)
@@ -273,7 +273,7 @@ def write_csv(path: PathLike, rows: Iterable[Dict], kind: str = "results") -> No
 
 def merge_csv(path: PathLike, rows: Iterable[Dict], kind: str = "results") -> Tuple[int, int]:
     """Adds `rows` to the file (created when missing): a row whose key is already there replaces that
-    row in place, the others are appended (design.md: a partial run replaces the rows with the same
+    row in place, the others are appended (DESIGN.md: a partial run replaces the rows with the same
     key). An older-header file is rewritten in the current schema. Returns (replaced, added)."""
     columns, key = KINDS[kind]
     new_rows = _checked(rows, kind)

@@ -1,4 +1,4 @@
-"""The results CSV of design.md, written once: its columns, its key, and the FLOP and byte counts
+"""The results CSV of DESIGN.md, written once: its columns, its key, and the FLOP and byte counts
 every row's TFLOP/s and GB/s are computed from. The C++ harness (common/src/report.cpp) writes the
 same header; a test checks that the two agree. The counts are a problem's (fa_course/problem.py
 defines them; Problem.flops and Problem.minimum_bytes use them).
@@ -17,7 +17,7 @@ LEGACY_RESULTS_COLUMNS = [
     "stage", "gpu", "B", "H", "N", "D", "dtype", "causal", "ms_median", "ms_min", "tflops", "gbps",
     "peak_bytes", "max_abs_err", "rel_l2_err", "status", "source_hash", "note",
 ]
-# One row per key in a data set (design.md, "One coherent data set per GPU").
+# One row per key in a data set (DESIGN.md, "One coherent data set per GPU").
 RESULTS_KEY = ["stage", "gpu", "B", "Hq", "Hkv", "Nq", "Nk", "D", "dtype", "causal", "pass"]
 
 CEILINGS_COLUMNS = ["gpu", "metric", "value", "unit"]

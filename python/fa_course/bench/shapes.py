@@ -17,7 +17,7 @@ def _square(values: Iterable[Tuple[int, int, int, int]]) -> List[Problem]:
     return [Problem.square(*v) for v in values]
 
 
-# The benchmark shapes by the names READMEs use (design.md, "Benchmarks, data, plots").
+# The benchmark shapes by the names READMEs use (DESIGN.md, "Benchmarks, data, plots").
 PRESETS: Dict[str, List[Problem]] = {
     # the standard sweep: D = 128, H = 16, B·N = 16384 (and the same at D = 64)
     "seed001": _square([(32, 16, 512, 128), (16, 16, 1024, 128), (8, 16, 2048, 128), (4, 16, 4096, 128),

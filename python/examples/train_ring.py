@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Trains the training example's model (scripts/train_attention.py: a small character-level
+"""Trains the training example's model (python/examples/train_attention.py: a small character-level
 transformer, 8 query heads over 2 K/V heads, causal) with each sequence split across the ranks of
 torchrun by stage 15's zigzag: every rank holds chunks r and 2P-1-r of each sequence (their tokens
 and positions), its attention is fa_course.ring.ring_attention, and the weights' gradients are
 averaged over the ranks. Rank 0 also trains a twin from the same start on whole sequences with
 fa_course.ops.attention on one device; the two losses should track each other within 16-bit noise.
 
-  torchrun --nproc_per_node=2 scripts/train_ring.py                  # GPUs over NCCL, BF16 autocast
-  torchrun --nproc_per_node=2 scripts/train_ring.py --cpu --steps 20 # CPU processes over gloo, FP32
+  torchrun --nproc_per_node=2 python/examples/train_ring.py                  # GPUs over NCCL, BF16 autocast
+  torchrun --nproc_per_node=2 python/examples/train_ring.py --cpu --steps 20 # CPU processes over gloo, FP32
 
 Set NCCL_NVLS_ENABLE=0 where NVLink multicast must stay off. Exit status: 0 when the final losses
 (mean of the last 20 steps) agree within --agreement (relative), 1 when they do not, 2 when it cannot
@@ -21,13 +21,13 @@ import math
 import os
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "python"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # python/: the package of this checkout
 
 
 def load_training_example():
-    """scripts/train_attention.py as a module: its model and its text."""
-    spec = importlib.util.spec_from_file_location("train_attention", os.path.join(REPO, "scripts", "train_attention.py"))
+    """train_attention.py (beside this file) as a module: its model and its text."""
+    spec = importlib.util.spec_from_file_location("train_attention", os.path.join(HERE, "train_attention.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -55,7 +55,7 @@ def main(argv=None):
         print(f"train_ring: PyTorch is needed ({error})", file=sys.stderr)
         return 2
     if "RANK" not in os.environ:
-        print("train_ring: launch it with torchrun (torchrun --nproc_per_node=P scripts/train_ring.py)", file=sys.stderr)
+        print("train_ring: launch it with torchrun (torchrun --nproc_per_node=P python/examples/train_ring.py)", file=sys.stderr)
         return 2
     from fa_course import ops
     from fa_course.ring import ring_attention, zigzag_shard

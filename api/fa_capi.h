@@ -207,7 +207,7 @@ FA_CAPI_EXPORT const char* fa_stage_id(int index); /* NULL when out of range */
 FA_CAPI_EXPORT const char* fa_stage_title(const char* stage_id);
 FA_CAPI_EXPORT const char* fa_stage_backend(const char* stage_id);     /* "cpu" or "cuda" */
 FA_CAPI_EXPORT const char* fa_stage_precision(const char* stage_id);   /* "fp32", "fp16" or "bf16" */
-FA_CAPI_EXPORT const char* fa_stage_source_hash(const char* stage_id); /* design.md's source_hash */
+FA_CAPI_EXPORT const char* fa_stage_source_hash(const char* stage_id); /* DESIGN.md's source_hash */
 FA_CAPI_EXPORT int64_t fa_stage_max_dim(const char* stage_id);
 /* 80 for a stage that needs sm_80 or newer, 90 for an sm_90a stage (fa_stage_architecture says
  * which rule), 0 for the CPU stage. */

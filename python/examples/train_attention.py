@@ -6,8 +6,8 @@ they should track each other within 16-bit noise. The model has grouped-query he
 over 2 K/V heads) and causal masking, in BF16 under autocast; the text is the repository's own
 READMEs, so nothing is downloaded.
 
-  python3 scripts/train_attention.py                       # 300 steps, eager
-  python3 scripts/train_attention.py --compile --csv losses.csv
+  python3 python/examples/train_attention.py                       # 300 steps, eager
+  python3 python/examples/train_attention.py --compile --csv losses.csv
 
 It uses the installed package (`pip install python/`), from any directory; inside a checkout
 without installing, name the package and a library: PYTHONPATH=python FA_CAPI_LIB=build/lib/libfa_capi.so.
@@ -26,7 +26,7 @@ import math
 import os
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the text it trains on
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the text it trains on
 
 PROGRAM = "train_attention"
 
