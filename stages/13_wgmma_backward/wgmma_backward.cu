@@ -47,7 +47,9 @@
 #include "fa/kernel/launch_order.cuh"
 #include "fa/kernel/mbarrier.cuh"
 #include "fa/kernel/tma.cuh"
+#include "fa/kernel/warp.cuh"
 #include "fa/kernel/wgmma.cuh"
+#include "fa/kernel/wgmma_walk.cuh"
 #include "fa/launch.hpp"
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
@@ -71,17 +73,19 @@ StageDescriptor backward_bf16();
 
 namespace {
 
+// The tile geometry is the kit's (wgmma_walk.cuh); here the M of a wgmma is one warpgroup's keys
+// (or queries, for dQ).
+using kernel::kMmaColumns;
+using kernel::kMmaDepth;
+using kernel::kMmaRows;
+using kernel::kPanelColumns;
+using kernel::kPanelRowBytes;
+using kernel::kSwizzleBytes;
+using kernel::kSwizzleRows;
 using kernel::kWarpgroupThreads;
+using kernel::kWarpSize;
 using kernel::pack_pair;
 
-constexpr int kWarpSize = 32;
-constexpr int kMmaRows = 64;         // the M of every wgmma: one warpgroup's keys (or queries, for dQ)
-constexpr int kMmaDepth = 16;        // the K of a 16-bit wgmma
-constexpr int kMmaColumns = 8;       // columns per accumulator tile (the mma.m16n8 layout)
-constexpr int kPanelColumns = 64;    // one 128-byte swizzled row: a TMA box's width
-constexpr int kPanelRowBytes = 128;  // ... in bytes
-constexpr int kSwizzleRows = 8;      // the 128-byte swizzle repeats every 8 rows
-constexpr int kSwizzleBytes = kSwizzleRows * kPanelRowBytes;
 constexpr int kKeys = 128;     // Bc: the keys of a block, two consumer warpgroups of 64
 constexpr int kConsumers = 2;  // consumer warpgroups
 constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
@@ -277,10 +281,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if FA_STAGE13_DEVICE_CODE
   using T = Tiling<kDim>;
   using namespace kernel;
-  constexpr int kDimSteps = kDim / kMmaDepth;                // 16-dim steps of Sᵀ and dPᵀ
-  constexpr int kQuerySteps = T::kQueries / kMmaDepth;       // 16-query steps of dV and dK
-  constexpr int kKeySteps = kKeys / kMmaDepth;               // 16-key steps of dQ
-  constexpr int kStepsPerPanel = kPanelColumns / kMmaDepth;  // 4: a panel row is 4 steps of 32 bytes
+  constexpr int kQuerySteps = T::kQueries / kMmaDepth;  // 16-query steps of dV and dK
+  constexpr int kKeySteps = kKeys / kMmaDepth;          // 16-key steps of dQ
 
   // Shared memory, aligned to the swizzle's 1024-byte period: K, V (kPanels panels of 128 rows
   // each), the ring (slot s: Q, dO), dSᵀ twice, the ring's rows (slot s: LSE, D), the barriers.
@@ -374,17 +376,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int warp_key = consumer * kMmaRows + warp * 16;  // the warp's first key in the tile
 
     // Matrix descriptors (stage 09's README, "The matrix descriptor"). K and V as A of Sᵀ and dPᵀ
-    // are K-major (a row is one key's dims): this consumer's 64 rows, a 16-dim step 32 bytes on,
-    // a new panel every four. Q and dO as B there are K-major too; as B of dV and dK they are read
-    // MN-major (a 16-query step is 16 rows on; the leading byte offset steps between dim panels),
-    // as V is in stage 09's P·V.
-    const auto dim_step_offset = [](int step, int panel_bytes) {
-      return static_cast<unsigned>(step / kStepsPerPanel * panel_bytes + step % kStepsPerPanel * 2 * kMmaDepth);
-    };
-    const uint64_t key_descriptor =
-        matrix_descriptor(shared_address(key_tile) + consumer * kMmaRows * kPanelRowBytes, 16, kSwizzleBytes);
+    // are K-major (a row is one key's dims): this consumer's 64 rows. Q and dO as B there are
+    // K-major too; as B of dV and dK they are read MN-major (a 16-query step is 16 rows on; the
+    // leading byte offset steps between dim panels), as V is in stage 09's P·V.
+    const uint64_t key_descriptor = k_major_descriptor(shared_address(key_tile) + consumer * kMmaRows * kPanelRowBytes);
     const uint64_t value_descriptor =
-        matrix_descriptor(shared_address(value_tile) + consumer * kMmaRows * kPanelRowBytes, 16, kSwizzleBytes);
+        k_major_descriptor(shared_address(value_tile) + consumer * kMmaRows * kPanelRowBytes);
     // dQ's part: 64 queries (panel `query_panel` of dSᵀ) by 64 dims (panel `dim_panel` of K).
     const int query_panel = T::kScorePanels == 2 ? consumer : 0;
     const int dim_panel = T::kPanels == 2 ? consumer : 0;
@@ -397,43 +394,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     float key_grad[kDim / 2] = {};    // dK for the consumer's 64 keys, unscaled
     float value_grad[kDim / 2] = {};  // dV
 
-    // Sᵀ = K Qᵀ of a step, once its slot has landed, and dPᵀ = V dOᵀ: kDim / 16 wgmma each,
-    // committed as two groups, so that Pᵀ's exponentials run while dPᵀ is still on the tensor
-    // cores.
+    // Sᵀ = K Qᵀ of a step, once its slot has landed, and dPᵀ = V dOᵀ: the kit's walk of S = Q·Kᵀ
+    // with the keys as A and the step's queries as B, committed as two groups, so that Pᵀ's
+    // exponentials run while dPᵀ is still on the tensor cores.
     float scores[T::kQueries / 2];
     float grad_probs[T::kQueries / 2];
     const auto slot_tile = [&](int step) { return ring + step % T::kStages * 2 * T::kQueryTileBytes; };
-    const auto issue_scores = [&](int step) {
-      barrier_wait(&slot_full[step % T::kStages], (step / T::kStages) & 1);
-      const uint64_t query_descriptor = matrix_descriptor(shared_address(slot_tile(step)), 16, kSwizzleBytes);
-      wgmma_fence();
-#pragma unroll
-      for (int d = 0; d < kDimSteps; ++d) {
-        const uint64_t a = advance_descriptor(key_descriptor, dim_step_offset(d, T::kKvPanelBytes));
-        const uint64_t b = advance_descriptor(query_descriptor, dim_step_offset(d, T::kQueryPanelBytes));
-        if (d == 0) {
-          wgmma_shared<Element, T::kQueries, false>(scores, a, b);
-        } else {
-          wgmma_shared<Element, T::kQueries, true>(scores, a, b);
-        }
-      }
-      wgmma_commit();
-    };
-    const auto issue_grad_probs = [&](int step) {
-      const uint64_t grad_out_descriptor =
-          matrix_descriptor(shared_address(slot_tile(step) + T::kQueryTileBytes), 16, kSwizzleBytes);
-      wgmma_fence();
-#pragma unroll
-      for (int d = 0; d < kDimSteps; ++d) {
-        const uint64_t a = advance_descriptor(value_descriptor, dim_step_offset(d, T::kKvPanelBytes));
-        const uint64_t b = advance_descriptor(grad_out_descriptor, dim_step_offset(d, T::kQueryPanelBytes));
-        if (d == 0) {
-          wgmma_shared<Element, T::kQueries, false>(grad_probs, a, b);
-        } else {
-          wgmma_shared<Element, T::kQueries, true>(grad_probs, a, b);
-        }
-      }
-      wgmma_commit();
+    const auto issue_products_of_keys = [&](float(&products)[T::kQueries / 2], uint64_t keys, unsigned queries) {
+      issue_scores<Element, kDim, T::kQueries, T::kKvPanelBytes, T::kQueryPanelBytes>(products, keys,
+                                                                                      k_major_descriptor(queries));
     };
 
     barrier_wait(kv_full, 0);
@@ -449,8 +418,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float* slot_delta = slot_lse + T::kQueries;
 
       // This step's dPᵀ behind its Sᵀ; then Sᵀ is done (dPᵀ may still run).
-      issue_scores(step);
-      issue_grad_probs(step);
+      barrier_wait(&slot_full[slot], (step / T::kStages) & 1);
+      issue_products_of_keys(scores, key_descriptor, shared_address(query_slot));
+      issue_products_of_keys(grad_probs, value_descriptor, shared_address(grad_out_slot));
       wgmma_wait<1>();
       fence_registers(scores);
 
@@ -477,23 +447,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       // EXERCISE END
 
       // Pᵀ as 16-bit A fragments: accumulator tiles 2j and 2j + 1 are queries 16j .. 16j + 15, the
-      // depth of one wgmma of dV (stage 09's P·V trick). dV += Pᵀ dO goes to the tensor cores at
-      // once, B = dO read MN-major from the ring slot, behind dPᵀ.
+      // depth of one wgmma of dV (stage 09's P·V trick, the kit's packing and walk). dV += Pᵀ dO goes
+      // to the tensor cores at once, B = dO read MN-major from the ring slot, behind dPᵀ.
       unsigned probs[kQuerySteps][4];
-#pragma unroll
-      for (int j = 0; j < kQuerySteps; ++j) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) probs[j][i] = pack_pair<Element>(scores[8 * j + 2 * i], scores[8 * j + 2 * i + 1]);
-      }
-      const uint64_t grad_out_columns =
-          matrix_descriptor(shared_address(grad_out_slot), T::kQueryPanelBytes, kSwizzleBytes);
-      wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < kQuerySteps; ++j) {
-        wgmma_registers<Element, kDim>(value_grad, probs[j],
-                                       advance_descriptor(grad_out_columns, j * kMmaDepth * kPanelRowBytes));
-      }
-      wgmma_commit();
+      pack_probabilities<Element>(scores, probs);
+      issue_values<Element, kDim>(value_grad, probs,
+                                  mn_major_descriptor<T::kQueryPanelBytes>(shared_address(grad_out_slot)));
 
       // dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ is done (dV still runs), as A fragments of dK += dSᵀ Q.
       wgmma_wait<1>();
@@ -532,8 +491,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       // dQ = dS K over the block's 128 keys, then dK += dSᵀ Q behind it, so that the tensor cores run
       // dK while this consumer adds dQ's part to the workspace.
-      const uint64_t score_descriptor = matrix_descriptor(
-          shared_address(score_tile) + query_panel * T::kScorePanelBytes, T::kScorePanelBytes, kSwizzleBytes);
+      const uint64_t score_descriptor =
+          mn_major_descriptor<T::kScorePanelBytes>(shared_address(score_tile) + query_panel * T::kScorePanelBytes);
       float query_grad[32];
       wgmma_fence();
 #pragma unroll
@@ -542,14 +501,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   advance_descriptor(grad_key_descriptor, k * kMmaDepth * kPanelRowBytes), k > 0);
       }
       wgmma_commit();
-      const uint64_t query_columns = matrix_descriptor(shared_address(query_slot), T::kQueryPanelBytes, kSwizzleBytes);
-      wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < kQuerySteps; ++j) {
-        wgmma_registers<Element, kDim>(key_grad, grad_scores[j],
-                                       advance_descriptor(query_columns, j * kMmaDepth * kPanelRowBytes));
-      }
-      wgmma_commit();
+      issue_values<Element, kDim>(key_grad, grad_scores,
+                                  mn_major_descriptor<T::kQueryPanelBytes>(shared_address(query_slot)));
       wgmma_wait<1>();  // dV and dQ are done; dK runs
       fence_registers(probs);
       fence_registers(query_grad);
