@@ -725,13 +725,13 @@ StageDescriptor describe(Precision precision, ForwardFn forward_function, Backwa
 StageDescriptor wgmma_backward_fp16() {
   return describe(
       Precision::fp16, overlap_fp16().forward, &backward<__half>,
-      "the backward pass on wgmma: TMA ring, dK and dV in accumulators, dQ by the bulk reduce-add (FP16, sm_90a)");
+      "the backward pass on wgmma: TMA ring, dK and dV in accumulators, dQ by 16-byte atomics (FP16, sm_90a)");
 }
 
 StageDescriptor wgmma_backward_bf16() {
   return describe(
       Precision::bf16, overlap_bf16().forward, &backward<__nv_bfloat16>,
-      "the backward pass on wgmma: TMA ring, dK and dV in accumulators, dQ by the bulk reduce-add (BF16, sm_90a)");
+      "the backward pass on wgmma: TMA ring, dK and dV in accumulators, dQ by 16-byte atomics (BF16, sm_90a)");
 }
 
 }  // namespace fa::stages
