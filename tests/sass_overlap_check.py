@@ -2,7 +2,7 @@
 """Stage 10's structural test on the machine code (SASS): in every kernel, a round's softmax runs
 between the wait for S (WARPGROUP.DEPBAR.LE gsb0, 0x1: P·V may still run) and the wait for P·V
 (WARPGROUP.DEPBAR.LE gsb0, 0x0). Assembles the stage's PTX with ptxas, disassembles it with
-cuobjdump (PyPI: nvidia-cuda-cuobjdump, in requirements.txt), and counts the MUFU.EX2 after each
+cuobjdump (PyPI: nvidia-cuda-cuobjdump with nvidia-cuda-nvdisasm, in requirements.txt), and counts the MUFU.EX2 after each
 wait for S up to the next wait for P·V. Fails when a kernel has no such wait, or when the count
 after every one of them is zero (ptxas hoisted the wait above the exponentials).
 
@@ -45,7 +45,12 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         cubin = os.path.join(work, "stage.cubin")
         subprocess.run([args.ptxas, f"-arch=sm_{args.arch}", args.ptx, "-o", cubin], check=True)
-        sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+        listing = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True)
+    if listing.returncode != 0:
+        # cuobjdump -sass runs nvdisasm (PyPI: nvidia-cuda-nvdisasm, in requirements.txt)
+        print(f"{cuobjdump} -sass failed: {listing.stderr.strip()}")
+        return 1
+    sass = listing.stdout
     kernels = {}
     name = None
     for line in sass.splitlines():
