@@ -29,6 +29,9 @@
 # Each phase writes its files fresh, so a partial run (say `bench merge`) replaces just its rows.
 # Logs go to OUTDIR/logs, the machine and source hashes to OUTDIR/data/env.txt, and a short
 # summary (OUTDIR/summary.txt) is printed last. Python: the standard library only.
+# FA_COMMIT names the commit env.txt records: a copy of the working tree sent to a lent machine
+# carries the .git of an earlier commit, so the sender says which one it is
+# (FA_COMMIT=$(git rev-parse HEAD) on the sending side, written into the command).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: gpu_suite.sh OUTDIR [PHASE ...]}
@@ -69,7 +72,7 @@ write_env() {
     echo "gpu: $(gpu_name)"
     echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1)"
     echo "cuda: $(nvcc --version | sed -n 's/.*release \([0-9.]*\), V\([0-9.]*\).*/\1 (nvcc \2)/p')"
-    echo "commit: $(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$repo" diff --quiet HEAD -- 2>/dev/null || echo ' (with local changes)')"
+    echo "commit: ${FA_COMMIT:-$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$repo" diff --quiet HEAD -- 2>/dev/null || echo ' (with local changes)')}"
     echo "tree source_hash: $(python3 "$repo/scripts/source_hash.py" --tree)"
     echo "method cpp: $(python3 "$repo/scripts/source_hash.py" --method cpp)"
     echo "method torch: $(python3 "$repo/scripts/source_hash.py" --method torch)"
