@@ -6,8 +6,8 @@
 //
 // 1. e4m3 is OCP FP8 E4M3 "fn": sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities;
 //    S.1111.111 is NaN; the largest finite value is 448 = 1.75·2^8; subnormals 0.000.xxx are
-//    xxx·2^-9. encode_e4m3 rounds to nearest, ties to even, and saturates to ±448: the semantics
-//    of `cvt.rn.satfinite.e4m3x2.f32` (NaN stays NaN; -0 stays -0).
+//    xxx·2^-9. encode_e4m3 rounds to nearest, ties to even, and saturates to ±448 (infinities too):
+//    the semantics of `cvt.rn.satfinite.e4m3x2.f32`. -0 stays -0; NaN gives a NaN (0x7f here).
 // 2. A block's scale: amax = max |x| over the block (NaN ignored, as fmaxf does);
 //    descale = amax / 448.0f and inv = 448.0f / amax, each one IEEE float division. When amax is 0
 //    or so small that 448.0f / amax is not finite (amax < 448/FLT_MAX, about 2.5e-36),
@@ -33,8 +33,9 @@
 //    below 448) and divides O by 2^p_shift in the epilogue, together with 1/l. O accumulates
 //    P_q·V_q in FP32 per key tile of 128.
 //
-// The choices the accuracy study made (README, "Accuracy"; the numbers are there): Q and K per
-// block with the rotation, V per channel, P with p_shift = 8, and l summed from the quantized P.
+// The choices the accuracy study made (README, "Accuracy"; the numbers are there), Fp8Options'
+// defaults: Q and K per block with the rotation, V per channel, P with p_shift = 8, and l summed
+// from the FP32 P.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +57,7 @@ struct BlockScale {
   float descale = 1.0f;  // dequantize: descale · decode(code)
   float inv = 1.0f;      // quantize:   encode(x · inv)
 };
-BlockScale block_scale(float amax);                             // contract, point 2
+BlockScale block_scale(float amax);                                // contract, point 2
 float amax_of(const float* x, int64_t count, int64_t stride = 1);  // NaN ignored
 inline uint8_t quantize(float x, const BlockScale& s) { return encode_e4m3(x * s.inv); }
 inline float dequantize(uint8_t code, const BlockScale& s) { return s.descale * decode_e4m3(code); }
@@ -72,29 +73,36 @@ void hadamard_rotate(float* row, int64_t dim_padded);  // in place, contract poi
 enum class QkScaling { per_tensor, per_block };
 enum class VScaling { per_tensor, per_head, per_channel };
 
-// A (heads, seq, dim) tensor as e4m3 rows of dim_padded codes and the descales of its blocks.
+// A (heads, seq, dim) tensor as e4m3 rows of dim_padded codes and the descales of its blocks
+// (contract, point 5): a block is `block_rows` consecutive rows of one head (0: the whole tensor),
+// or with `per_channel` one column d of one head.
 struct Quantized {
   int64_t heads = 0, seq = 0, dim_padded = 0;
+  int64_t block_rows = 0;
+  bool per_channel = false;
   std::vector<uint8_t> codes;   // heads · seq · dim_padded
-  std::vector<float> descales;  // contract, point 5
-  float value(int64_t head, int64_t row, int64_t d) const;  // dequantized
+  std::vector<float> descales;  // in the order of point 5
+  float descale(int64_t head, int64_t row, int64_t d) const;
+  uint8_t code(int64_t head, int64_t row, int64_t d) const { return codes[((head * seq) + row) * dim_padded + d]; }
+  float value(int64_t head, int64_t row, int64_t d) const {
+    return descale(head, row, d) * decode_e4m3(code(head, row, d));
+  }
 };
 
-// Q or K: `values` is (heads, seq, dim) row-major, heads = B·H; blocks of `block_rows` rows.
+// Q or K: `values` is (heads, seq, dim) row-major, heads = B·H; per block, blocks of kQueryBlock
+// (Q) or kKeyBlock (K) rows: `block_rows`.
 Quantized quantize_qk(const std::vector<float>& values, int64_t heads, int64_t seq, int64_t dim, int64_t block_rows,
                       QkScaling scaling, bool rotate);
-// V: no rotation; the granularity of its scale as chosen.
+// V, never rotated, its scale as `scaling` says.
 Quantized quantize_v(const std::vector<float>& values, int64_t heads, int64_t seq, int64_t dim, VScaling scaling);
-// The descale of V's element (head, d) under `scaling` (the same for every key).
-float v_descale(const Quantized& v, VScaling scaling, int64_t head, int64_t d);
 
 // ---- The forward models ----
 struct Fp8Options {
   QkScaling qk = QkScaling::per_block;
   bool rotate = true;
   VScaling v = VScaling::per_channel;
-  int p_shift = 8;                 // P stored as e4m3(p · 2^p_shift)
-  bool l_from_quantized_p = true;  // the row sum from the e4m3 P (else from the FP32 P)
+  int p_shift = 8;                  // P stored as e4m3(p · 2^p_shift)
+  bool l_from_quantized_p = false;  // the row sum from the e4m3 P (else from the FP32 P)
 };
 
 // O (B, Hq, Nq, D) as the FP8 kernel computes it: Q, K, V quantized as `options` says; per key

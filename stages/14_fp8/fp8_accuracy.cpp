@@ -1,0 +1,105 @@
+// bin/14_fp8_accuracy: stage 14's accuracy study on the CPU. For Gaussian inputs and for
+// FlashAttention-3's outlier inputs it computes O with the FP16 model (stage 10's numerics) and the
+// FP8 model under each quantization scheme (fp8_numerics.hpp), and prints as a markdown table the
+// RMSE and the largest error of O against the double reference on the unquantized inputs.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fa/reference.hpp"
+#include "fp8_numerics.hpp"
+
+namespace {
+
+using namespace fa;
+using namespace fa::fp8;
+
+struct Row {
+  std::string name;
+  bool fp16 = false;
+  Fp8Options options;
+};
+
+const char* qk_name(QkScaling s) { return s == QkScaling::per_tensor ? "tensor" : "block 128"; }
+const char* v_name(VScaling s) {
+  return s == VScaling::per_tensor ? "tensor" : (s == VScaling::per_head ? "head" : "channel");
+}
+
+// The rows: the FP16 model; the three schemes of the issue (V per channel, P shifted by 2^8, l from
+// the FP32 P: the choices of fp8_numerics.hpp); then, on block scales with the rotation, the other
+// granularities of V and the other options for P.
+std::vector<Row> rows() {
+  using Q = QkScaling;
+  std::vector<Row> out;
+  out.push_back({"FP16 (stage 10's numerics)", true, {}});
+  out.push_back({"FP8 per-tensor scales", false, {Q::per_tensor, false, VScaling::per_tensor, 8, false}});
+  out.push_back({"FP8 block scales", false, {Q::per_block, false, VScaling::per_channel, 8, false}});
+  out.push_back({"FP8 block scales + rotation", false, {Q::per_block, true, VScaling::per_channel, 8, false}});
+  for (const VScaling v : {VScaling::per_tensor, VScaling::per_head}) {
+    out.push_back({std::string("... V per ") + v_name(v), false, {Q::per_block, true, v, 8, false}});
+  }
+  for (const auto& [shift, quantized_l] : {std::pair{0, false}, std::pair{0, true}, std::pair{8, true}}) {
+    out.push_back({"... P·2^" + std::to_string(shift) + ", l from " + (quantized_l ? "e4m3 P" : "FP32 P"),
+                   false,
+                   {Q::per_block, true, VScaling::per_channel, shift, quantized_l}});
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Stage 14: FP8 attention accuracy (CPU models against the FP64 reference)"};
+  Problem problem = Problem::square(1, 4, 2048, 128);
+  uint64_t seed = 14;
+  app.add_option("--batch", problem.batch, "B")->check(CLI::Range(1, 64));
+  app.add_option("--heads", problem.q_heads, "H")->check(CLI::Range(1, 64));
+  app.add_option("--seq", problem.q_seq, "N")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--dim", problem.dim, "D (1..256)")->check(CLI::Range(1, 256));
+  app.add_flag("--causal", problem.causal, "bottom-right causal mask");
+  app.add_option("--seed", seed, "input seed");
+  CLI11_PARSE(app, argc, argv);
+  problem.kv_heads = problem.q_heads;
+  problem.kv_seq = problem.q_seq;
+
+  const auto start = std::chrono::steady_clock::now();
+  struct Column {
+    Inputs inputs;
+    std::vector<double> reference;
+  };
+  std::vector<Column> columns;
+  for (bool outliers : {false, true}) {
+    Column c{gaussian_inputs(problem, seed, outliers), {}};
+    c.reference = reference_attention(c.inputs);
+    columns.push_back(std::move(c));
+  }
+
+  std::printf("%s%s, seed %llu; O against the FP64 reference on the unquantized inputs\n\n", describe(problem).c_str(),
+              problem.causal ? " causal" : "", static_cast<unsigned long long>(seed));
+  std::printf(
+      "| model | Q, K scales | rotation | V scales | P | l from | Gaussian RMSE | Gaussian max | "
+      "outliers RMSE | outliers max |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Row& row : rows()) {
+    if (row.fp16) {
+      std::printf("| %s | - | - | - | FP16 | FP32 P |", row.name.c_str());
+    } else {
+      const Fp8Options& o = row.options;
+      std::printf("| %s | %s | %s | %s | e4m3·2^%d | %s |", row.name.c_str(), qk_name(o.qk), o.rotate ? "yes" : "no",
+                  v_name(o.v), o.p_shift, o.l_from_quantized_p ? "e4m3 P" : "FP32 P");
+    }
+    for (const Column& c : columns) {
+      const Error e =
+          error_against(row.fp16 ? fp16_attention(c.inputs) : fp8_attention(c.inputs, row.options), c.reference);
+      std::printf(" %.2e | %.2e |", e.rmse, e.max_abs);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "%.1f s\n", seconds);
+  return 0;
+}
