@@ -171,3 +171,26 @@ fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the
 # registers: no kernel may spill.
 fa_add_spill_test(NAME "stage13: ptxas spills nothing to local memory (sm_90a)"
   STAGE 13_wgmma_backward SOURCE wgmma_backward.cu ARCH 90a)
+# Stage 14 (FP8, sm_90a; not a stage of the registry: stages/14_fp8/kernels.cmake registers its
+# source folder): both products as e4m3 wgmma (S from shared memory at 64 and 128 keys, O += P·V with
+# P from registers in every bucket), the TMA ring, setmaxnreg, and P quantized in registers by
+# cvt.rn.satfinite.e4m3x2. S, P, the next P and O live in registers: no kernel may spill.
+fa_add_structural_test(NAME "stage14: PTX runs both products as e4m3 wgmma, the TMA ring, setmaxnreg and P's e4m3 conversion (sm_90a)"
+  STAGE 14_fp8 SOURCE fp8_attention.cu ARCH 90a
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k32\\.f32\\.e4m3\\.e4m3 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1"
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k32\\.f32\\.e4m3\\.e4m3 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1"
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k32\\.f32\\.e4m3\\.e4m3 [{][^}]*[}], [{]%r[0-9]+, %r[0-9]+, %r[0-9]+, %r[0-9]+[}], %rd[0-9]+, 1, 1, 1"
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n256k32\\.f32\\.e4m3\\.e4m3 [{][^}]*[}], [{]%r[0-9]+, %r[0-9]+, %r[0-9]+, %r[0-9]+[}], %rd[0-9]+, 1, 1, 1"
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k32\\.f32\\.e4m3\\.e4m3 [{][^}]*[}], [{]%r[0-9]+, %r[0-9]+, %r[0-9]+, %r[0-9]+[}], %rd[0-9]+, 1, 1, 1"
+  PATTERN "wgmma\\.wait_group\\.sync\\.aligned 1"
+  PATTERN "cp\\.async\\.bulk\\.tensor\\.3d\\.shared::cluster\\.global\\.tile\\.mbarrier::complete_tx::bytes"
+  PATTERN "cp\\.async\\.bulk\\.tensor\\.3d\\.global\\.shared::cta\\.tile\\.bulk_group"
+  PATTERN "setmaxnreg\\.inc\\.sync\\.aligned\\.u32 240" PATTERN "setmaxnreg\\.dec\\.sync\\.aligned\\.u32 24"
+  PATTERN "cvt\\.rn\\.satfinite\\.e4m3x2\\.f32")
+fa_add_spill_test(NAME "stage14: ptxas spills nothing to local memory in the FP8 forward (sm_90a)"
+  STAGE 14_fp8 SOURCE fp8_attention.cu ARCH 90a)
+fa_add_structural_test(NAME "stage14: PTX of the quantization pass converts with cvt.rn.satfinite.e4m3x2 (sm_90a)"
+  STAGE 14_fp8 SOURCE quantize.cu ARCH 90a
+  PATTERN "cvt\\.rn\\.satfinite\\.e4m3x2\\.f32" PATTERN "shfl\\.sync\\.bfly\\.b32" PATTERN "atom\\.global\\.max\\.u32")
+fa_add_spill_test(NAME "stage14: ptxas spills nothing to local memory in the quantization pass (sm_90a)"
+  STAGE 14_fp8 SOURCE quantize.cu ARCH 90a)

@@ -19,8 +19,8 @@
 //     gives a thread keys 2q, 2q+1, 8+2q, 9+2q of each 16 (q = lane % 4), the 8-bit A operand wants
 //     keys 4q .. 4q+3 in those places, and the quantization pass stored V's keys permuted to match
 //     (kernel_key_position in quantize.hpp). Four cvt.rn.satfinite.e4m3x2 per 16 keys, nothing else.
-//   - The row sum l is summed from the quantized P (the values P·V actually weights with), so the
-//     output's weights sum to one; the 2^kProbabilityShift cancels between O and l.
+//   - The row sum l is summed from the FP32 P (or, kRowSumFromQuantizedP, from the quantized P that
+//     P·V actually weights with); the 2^kProbabilityShift cancels between O and l.
 //   - The epilogue multiplies O's column d by V's descale of channel d, divides by l, and writes
 //     16-bit O (and the LSE) as stage 10 does.
 //
@@ -120,7 +120,8 @@ struct Tiling {
 // The online softmax step on one tile of S (the kit's accumulator_softmax.cuh, with the tile's own
 // scale and P's power of two): the row maxima over each row's four threads, the new running max m
 // (log2 units), the factor O and l are rescaled by, and p · 2^kProbabilityShift = exp2(t - m +
-// shift) in place of s. The row sums are added from the quantized P (pack_probabilities).
+// shift) in place of s, added into this thread's share of l (unless l is summed from the quantized
+// P, in pack_probabilities).
 template <int kTiles>
 __device__ __forceinline__ void tile_softmax(float (&scores)[4 * kTiles], float (&row_max)[2], float (&row_sum)[2],
                                              float (&rescale)[2], float scale_log2) {
@@ -140,7 +141,10 @@ __device__ __forceinline__ void tile_softmax(float (&scores)[4 * kTiles], float 
   }
   const float offset[2] = {kProbabilityShift - row_max[0], kProbabilityShift - row_max[1]};
 #pragma unroll
-  for (int i = 0; i < 4 * kTiles; ++i) scores[i] = kernel::fast_exp2(fmaf(scores[i], scale_log2, offset[i % 4 / 2]));
+  for (int i = 0; i < 4 * kTiles; ++i) {
+    scores[i] = kernel::fast_exp2(fmaf(scores[i], scale_log2, offset[i % 4 / 2]));
+    if (!kRowSumFromQuantizedP) row_sum[i % 4 / 2] += scores[i];
+  }
 }
 
 // P in registers: for 32-key step c, accumulator tiles 4c .. 4c+3 hold this thread's keys
@@ -150,7 +154,7 @@ __device__ __forceinline__ void tile_softmax(float (&scores)[4 * kTiles], float 
 // pairs in order (tile 2g: e = 0, 1; tile 2g+1: e = 0, 1) puts keys 2q, 2q+1, 8+2q, 9+2q there,
 // which is where the quantization pass stored those keys of V (quantize.hpp). `swapped` packs the
 // two 16-bit halves of each register the other way round (stage 10's next P, put right by a byte
-// permute). The row sums take the quantized values.
+// permute). With kRowSumFromQuantizedP the row sums take the quantized values here.
 template <int kSteps, bool kSwapped>
 __device__ __forceinline__ void pack_probabilities(const float (&p)[16 * kSteps], unsigned (&probs)[kSteps][4],
                                                    float (&row_sum)[2]) {
@@ -161,7 +165,7 @@ __device__ __forceinline__ void pack_probabilities(const float (&p)[16 * kSteps]
       const int first = 16 * c + 8 * (r / 2) + 2 * (r % 2);  // tile 4c + 2(r/2), the row r % 2
       probs[c][r] = kSwapped ? pack_e4m3x4(p[first + 4], p[first + 5], p[first], p[first + 1])
                              : pack_e4m3x4(p[first], p[first + 1], p[first + 4], p[first + 5]);
-      row_sum[r % 2] += e4m3x4_sum(probs[c][r]);
+      if (kRowSumFromQuantizedP) row_sum[r % 2] += e4m3x4_sum(probs[c][r]);
     }
   }
 }

@@ -17,6 +17,9 @@ namespace fa::fp8 {
 // P is stored as e4m3(p · 2^kProbabilityShift) (fp8_numerics.hpp, point 6: 0 or 8). With 8 the
 // largest weight, 1, becomes 256 (below e4m3's 448) and weights down to 2^-17 stay nonzero.
 constexpr int kProbabilityShift = 8;
+// The row sum l from the quantized P (the weights P·V actually uses, so they sum to one) or from
+// the FP32 P (fp8_numerics.hpp, Fp8Options::l_from_quantized_p; the FP32 sum costs no conversions).
+constexpr bool kRowSumFromQuantizedP = false;
 
 // Bytes of workspace fp8_forward needs (the quantized tensors and their descales), 256-aligned.
 int64_t fp8_workspace_bytes(const Problem& problem);
