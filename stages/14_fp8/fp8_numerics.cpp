@@ -24,6 +24,8 @@ uint8_t encode_e4m3(float x) {
   // Everything from 448 up (infinity included) saturates; below it, rounding never passes 448:
   // the next e4m3 step above 448 would be 480, and only values >= 464 round there.
   if (a >= kE4m3Max) return static_cast<uint8_t>(sign | 0x7e);
+  int code = 0;  // the 7 bits of |x|'s code: exponent field and mantissa
+  // EXERCISE BEGIN: the code of the e4m3 value nearest to a (0 <= a < 448), ties to the even code
   // Below 2^-6 the step is the subnormal quantum 2^-9; from 2^e (e >= -6) up it is 2^(e-3). The
   // value divided by its step is exact in float (a power-of-two scaling), and rounding it to an
   // integer with ties to even is the format's rounding. A mantissa that rounds up to 16 (or a
@@ -33,7 +35,8 @@ uint8_t encode_e4m3(float x) {
   std::frexp(a, &exponent);  // a = f·2^exponent, f in [0.5, 1): a's binade is 2^(exponent-1)
   const int e = a < 0x1p-6f ? -6 : exponent - 1;
   const int steps = static_cast<int>(std::nearbyint(std::ldexp(a, 3 - e)));  // a / 2^(e-3)
-  const int code = e == -6 ? steps : ((e + 7) << 3) + (steps - 8);
+  code = e == -6 ? steps : ((e + 7) << 3) + (steps - 8);
+  // EXERCISE END
   return static_cast<uint8_t>(sign | code);
 }
 
