@@ -19,7 +19,7 @@
 //    H the Sylvester-ordered Walsh-Hadamard matrix, computed in float by the butterfly of
 //    hadamard_rotate: for len = 1, 2, 4, ..., Dpad/2, for every i with (i & len) == 0:
 //    (x[i], x[i+len]) <- (x[i] + x[i+len], x[i] - x[i+len]); then every x[i] <- x[i] * r with
-//    r = kHadamardScale(Dpad) = 1.0f / sqrtf(float(Dpad)) (float; exact for 64 and 256). Only adds,
+//    r = hadamard_scale(Dpad) = 1.0f / sqrtf(float(Dpad)) (float; exact for 64 and 256). Only adds,
 //    subtracts and one final multiply: a GPU doing the same stages in the same pairs matches it
 //    bitwise. The block's amax is taken after the rotation.
 // 5. Blocks (descale arrays, in this order):
