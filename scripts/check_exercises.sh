@@ -110,8 +110,9 @@ exercise_verdict() {
     echo "are above; all of them in $where/Testing/Temporary/LastTest.log)."
     [ "$skipped" -gt 0 ] && echo "(and $skipped GPU tests did not run: $why)"
     if [ "$id" = 11_backward ]; then
-      echo "Where it first goes wrong: the first failing test above names the gradient (dQ, dK or dV), its largest"
-      echo "error and the shape; the C++ backward's tests run without a GPU, so fix those first."
+      echo "Where it first goes wrong: $where/bin/fa_course --walkthrough (the C++ backward's dQ, dK and dV of the"
+      echo "N=4 fixture beside the exact values, with D_i, P and dS to check by hand). The C++ backward's tests run"
+      echo "without a GPU, so fix those first; then the GPU kernel's: $where/bin/$id --walkthrough on a GPU."
     else
       echo "Where it first goes wrong: $where/bin/$id --walkthrough (the exact values beside your kernel's)"
     fi
@@ -157,8 +158,11 @@ check_your_copies() {
     echo "check_exercises: configuring failed (${build#"$repo_root"/}/configure.log)" >&2
     exit 1
   fi
+  # Stage 11's verdict points at fa_course --walkthrough: the one program that runs its C++ backward.
+  local course=()
+  [[ " ${ids[*]} " == *" 11_backward "* ]] && course=(fa_course)
   # shellcheck disable=SC2046
-  if ! build_with_progress "$build" --target $(stage_targets "$build"); then
+  if ! build_with_progress "$build" --target $(stage_targets "$build") "${course[@]}"; then
     echo
     rule
     echo "FAILED: your copy of ${ids[*]} does not compile (the compiler's messages are above)."

@@ -14,6 +14,17 @@ fa_add_rejection_test(01_cpu 01 "an unknown flag" --frobnicate)
 add_test(NAME "stage01: --walkthrough prints the exact values and agrees" COMMAND 01_cpu --walkthrough)
 set_tests_properties("stage01: --walkthrough prints the exact values and agrees" PROPERTIES
   PASS_REGULAR_EXPRESSION "after K/V tile 1.*the stage agrees with the exact values")
+# Stage 11's walkthrough goes on to the backward pass: on a GPU the kernel's dQ, dK and dV beside the
+# exact values; without one the exact values (D_i, P, dS, the gradients) and the command that shows
+# the C++ backward's beside them. Either way it never disagrees.
+if(TARGET 11_backward)
+  set(name "stage11: --walkthrough shows the backward's exact D_i, P, dS, dQ, dK and dV and the stage's own")
+  add_test(NAME "${name}" COMMAND 11_backward --walkthrough)
+  set_tests_properties("${name}" PROPERTIES
+    PASS_REGULAR_EXPRESSION
+      "D_i = rowsum.*P = exp.*dS = P.*dV:.*(and in dQ, dK and dV|fa_course --walkthrough shows its dQ, dK and dV)"
+    FAIL_REGULAR_EXPRESSION "DISAGREES")
+endif()
 add_test(NAME "stage01: runs a small problem from the command line" COMMAND 01_cpu --seq 100 --dim 16 --reps 1)
 set_tests_properties("stage01: runs a small problem from the command line" PROPERTIES
   PASS_REGULAR_EXPRESSION "01_cpu +fp32 .* ok")

@@ -1,10 +1,11 @@
 // What a newcomer meets first, in the harness: the walkthrough's verdict (from the run with tiles of
-// 2 keys, so a mistake between tiles shows), the walkthrough of a GPU stage that cannot run here,
-// the host memory refusal, the CPU time estimate, the table's units and the command line's words.
-// Every case runs without a GPU.
+// 2 keys, so a mistake between tiles shows), its backward pass (dQ, dK, dV beside the exact ones),
+// the walkthrough of a GPU stage that cannot run here, the host memory refusal, the CPU time
+// estimate, the table's units and the command line's words. Every case runs without a GPU.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -12,8 +13,11 @@
 #include "catch_compat.hpp"
 #include "fa/cli.hpp"
 #include "fa/device.hpp"
+#include "fa/metrics.hpp"
+#include "fa/reference.hpp"
 #include "fa/report.hpp"
 #include "fa/runner.hpp"
+#include "fa/walkthrough.hpp"
 
 namespace {
 
@@ -119,6 +123,57 @@ fa::StageDescriptor unrunnable_gpu_stage() {
   return stage;
 }
 
+// A CPU stage with a backward pass, made of the double reference (so that no stage's code is under
+// test here); with `forget_dq` its dQ stays 0, as when a first attempt never accumulates it.
+fa::Inputs host_inputs(const fa::Problem& problem, const void* q, const void* k, const void* v) {
+  fa::Inputs inputs;
+  inputs.problem = problem;
+  inputs.q.assign(static_cast<const float*>(q), static_cast<const float*>(q) + problem.q_elements());
+  inputs.k.assign(static_cast<const float*>(k), static_cast<const float*>(k) + problem.kv_elements());
+  inputs.v.assign(static_cast<const float*>(v), static_cast<const float*>(v) + problem.kv_elements());
+  return inputs;
+}
+
+fa::Status reference_forward(const fa::ForwardArgs& args) {
+  std::vector<double> lse;
+  const std::vector<double> out = fa::reference_attention(host_inputs(args.problem, args.q, args.k, args.v), &lse);
+  std::copy(out.begin(), out.end(), static_cast<float*>(args.o));
+  if (args.lse != nullptr) std::copy(lse.begin(), lse.end(), args.lse);
+  return fa::Status();
+}
+
+template <bool kForgetDq>
+fa::Status reference_backward_pass(const fa::BackwardArgs& args) {
+  const fa::Problem& problem = args.problem;
+  const float* grad_o = static_cast<const float*>(args.grad_o);
+  std::vector<int64_t> heads(static_cast<std::size_t>(problem.kv_heads_total()));
+  std::iota(heads.begin(), heads.end(), 0);  // every group in order: dQ in the layout of Q
+  const fa::GradientReference gradients = fa::reference_backward(
+      host_inputs(problem, args.q, args.k, args.v), std::vector<float>(grad_o, grad_o + problem.q_elements()), heads);
+  float* grad_q = static_cast<float*>(args.grad_q);
+  if (kForgetDq) {
+    std::fill(grad_q, grad_q + problem.q_elements(), 0.0f);
+  } else {
+    std::copy(gradients.dq.begin(), gradients.dq.end(), grad_q);
+  }
+  std::copy(gradients.dk.begin(), gradients.dk.end(), static_cast<float*>(args.grad_k));
+  std::copy(gradients.dv.begin(), gradients.dv.end(), static_cast<float*>(args.grad_v));
+  return fa::Status();
+}
+
+fa::StageDescriptor backward_stage(bool forget_dq) {
+  fa::StageDescriptor stage;
+  stage.id = forget_dq ? "test_no_dq" : "test_backward";
+  stage.title = "a test stage with a backward pass";
+  stage.backend = fa::Backend::cpu;
+  stage.forward = &reference_forward;
+  stage.backward = forget_dq ? &reference_backward_pass<true> : &reference_backward_pass<false>;
+  stage.max_dim = 64;
+  stage.features.lse = true;
+  stage.features.backward = true;
+  return stage;
+}
+
 std::string last_line(const std::string& text) {
   std::string trimmed = text;
   while (!trimmed.empty() && trimmed.back() == '\n') trimmed.pop_back();
@@ -196,6 +251,60 @@ TEST_CASE("common: fa_course's walkthrough gives one verdict line per stage") {
   CHECK(contains(text, "test_right              the stage agrees"));
   CHECK(contains(text, "test_forgets_l          the stage DISAGREES"));
   CHECK(contains(text, "test_gpu                "));
+}
+
+TEST_CASE("common: the walkthrough of a stage with a backward pass shows D_i, P, dS and its dQ, dK, dV beside them") {
+  std::ostringstream out;
+  const int code = fa::run_walkthrough(backward_stage(false), out);
+  const std::string text = out.str();
+  INFO(text);
+  CHECK(code == fa::kExitOk);
+  for (const char* part :
+       {"dO:\n  row 0  [             1,              0]", "D_i = rowsum(dO * O)", "P = exp(S - LSE_i)", "dP = dO V^T",
+        "dS = P * (dP - D_i)", "Gradients, the stage's beside the exact values",
+        "dQ:\n  row 0  [   0.004183515,    0.004183515]  exact [  0.0041835149,   0.0041835149]"}) {
+    CHECK(contains(text, part));
+  }
+  CHECK_FALSE(contains(text, "<-- differs"));
+  CHECK(contains(last_line(text), "in the final O"));
+  CHECK(contains(last_line(text), "; and in dQ, dK and dV (max abs error "));
+}
+
+TEST_CASE("common: the walkthrough names the gradient a backward pass gets wrong: a dQ left at 0") {
+  std::ostringstream out;
+  const int code = fa::run_walkthrough(backward_stage(true), out);
+  const std::string text = out.str();
+  INFO(text);
+  CHECK(code == fa::kExitWrong);
+  CHECK(last_line(text).find("the stage DISAGREES with the exact gradients: dQ row 0, column ") == 0);
+  CHECK(contains(last_line(text), "(its forward pass agrees)"));
+  CHECK_FALSE(contains(last_line(text), "dK"));
+  CHECK_FALSE(contains(last_line(text), "dV"));
+  CHECK(contains(text, "row 0  [             0,              0]  exact [  0.0041835149,   0.0041835149]"));
+  CHECK(contains(text, "<-- differs"));
+  // The runner's tolerance, with its allowance for this fixture's large logits, would pass that dQ:
+  // why the walkthrough holds gradients to the unit without it.
+  const fa::WalkthroughBackward exact = fa::walkthrough_backward(fa::Precision::fp32);
+  const double runner_unit = fa::gradient_tolerance_unit(
+      fa::Precision::fp32, fa::logit_bound(exact.inputs.q, exact.inputs.k, exact.inputs.problem.dim));
+  const std::vector<float> zeros(exact.gradients.dq.size(), 0.0f);
+  CHECK(fa::compare_gradient(zeros, exact.gradients.dq, exact.gradients.dq_bound, runner_unit).passed());
+  CHECK_FALSE(fa::compare_gradient(zeros, exact.gradients.dq, exact.gradients.dq_bound,
+                                   fa::gradient_tolerance_unit(fa::Precision::fp32))
+                  .passed());
+}
+
+TEST_CASE("common: fa_course's walkthrough shows a CPU stage's backward pass in detail") {
+  std::ostringstream out;
+  const int code = fa::run_walkthrough_all({backward_stage(false), backward_stage(true)}, out);
+  const std::string text = out.str();
+  INFO(text);
+  CHECK(code == fa::kExitWrong);
+  CHECK(contains(text, "test_backward           the stage agrees with the exact values in the final O"));
+  CHECK(contains(text, "test_no_dq              the stage DISAGREES with the exact gradients: dQ row 0"));
+  CHECK(contains(text, "test_backward, the backward pass in C++ (no GPU needed), in detail:"));
+  CHECK(contains(text, "test_backward agrees with the exact values in dQ, dK and dV (max abs error "));
+  CHECK(contains(text, "test_no_dq DISAGREES with the exact gradients: dQ row 0"));
 }
 
 TEST_CASE("common: a problem larger than host memory is refused as out of memory before allocating") {

@@ -231,6 +231,14 @@ if(TARGET fa_course)
   set_tests_properties("common: fa_course --walkthrough runs the fixture through every stage" PROPERTIES
     PASS_REGULAR_EXPRESSION "Exact final O.*01_cpu +the stage agrees with the exact values at every K/V tile"
     FAIL_REGULAR_EXPRESSION "DISAGREES")
+  if(TARGET 11_backward)
+    # Stage 11's C++ backward, which no stage executable runs, in detail: where check_exercises.sh 11 points.
+    set(name "common: fa_course --walkthrough shows the C++ backward's dQ, dK and dV beside the exact values")
+    string(CONCAT pattern "11_backward/fp32, the backward pass in C\\+\\+.*dS = P.*dQ:\n  row 0 .* exact "
+                          ".*11_backward/fp32 agrees with the exact values in dQ, dK and dV")
+    add_test(NAME "${name}" COMMAND fa_course --walkthrough)
+    set_tests_properties("${name}" PROPERTIES PASS_REGULAR_EXPRESSION "${pattern}" FAIL_REGULAR_EXPRESSION "DISAGREES")
+  endif()
   fa_newcomer_check("common: scripts/course.sh lists fa_course's options before the first build" course_options
                     -DPROGRAM=$<TARGET_FILE:fa_course>)
 endif()

@@ -11,6 +11,7 @@
 #include "fa/inputs.hpp"
 #include "fa/metrics.hpp"
 #include "fa/reference.hpp"
+#include "fa/walkthrough.hpp"
 
 namespace {
 
@@ -146,4 +147,72 @@ TEST_CASE("common: gradient bounds cover the values, and compare_gradient judges
   CHECK(moved.summary().find("beyond their tolerance") != std::string::npos);
   actual[5] = std::nanf("");
   CHECK(fa::compare_gradient(actual, gradients.dv, gradients.dv_bound, unit).non_finite == 1);
+}
+
+TEST_CASE("common: the walkthrough's gradients are the reference's, and central differences of the forward agree") {
+  // walkthrough.hpp: dO fixed, everything else computed in double. Checked here three ways: the
+  // gradients against central differences of the forward (the definition), the printed
+  // intermediates against the gradients they lead to, and dO's rows against what makes every row
+  // of dS non-zero.
+  const fa::WalkthroughBackward exact = fa::walkthrough_backward(fa::Precision::fp32);
+  const fa::Inputs& inputs = exact.inputs;
+  const int64_t seq = inputs.problem.q_seq;
+  const int64_t dim = inputs.problem.dim;
+  CHECK(exact.grad_o == std::vector<float>{1.0f, 0.0f, 0.0f, 1.0f, 1.0f, 1.0f, -1.0f, 2.0f});
+  CHECK(fa::walkthrough_backward(fa::Precision::fp16).grad_o == exact.grad_o);  // small integers: exact in 16 bits
+
+  // The intermediates lead to the gradients: P's rows sum to 1, D_i = Σ_j P_ij dP_ij (which is
+  // dO_i · O_i because O = P V), dQ = dS K·scale, dK = dSᵀ Q·scale, dV = Pᵀ dO; and no row of dS is 0.
+  // The reference sums in its own order, and dP_ij − D_i of a nearly one-hot row is a difference
+  // of numbers near 1: they agree to a few double units of 1 (the margin), not of the result.
+  const auto at = [](int64_t row, int64_t column, int64_t columns) {
+    return static_cast<std::size_t>(row * columns + column);
+  };
+  for (int64_t i = 0; i < seq; ++i) {
+    double p_sum = 0.0;
+    double delta = 0.0;
+    double ds_sum = 0.0;
+    for (int64_t j = 0; j < seq; ++j) {
+      p_sum += exact.p[at(i, j, seq)];
+      delta += exact.p[at(i, j, seq)] * exact.grad_p[at(i, j, seq)];
+      ds_sum += std::fabs(exact.grad_s[at(i, j, seq)]);
+    }
+    INFO("row " << i);
+    CHECK(p_sum == Approx(1.0).epsilon(1e-12));
+    CHECK(delta == Approx(exact.delta[static_cast<std::size_t>(i)]).epsilon(1e-12));
+    CHECK(ds_sum > 0.0);
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+  for (int64_t r = 0; r < seq; ++r) {
+    for (int64_t d = 0; d < dim; ++d) {
+      double dq = 0.0;
+      double dk = 0.0;
+      double dv = 0.0;
+      for (int64_t j = 0; j < seq; ++j) {
+        dq += exact.grad_s[at(r, j, seq)] * static_cast<double>(inputs.k[at(j, d, dim)]) * scale;
+        dk += exact.grad_s[at(j, r, seq)] * static_cast<double>(inputs.q[at(j, d, dim)]) * scale;
+        dv += exact.p[at(j, r, seq)] * static_cast<double>(exact.grad_o[at(j, d, dim)]);
+      }
+      INFO("row " << r << ", column " << d);
+      CHECK(dq == Approx(exact.gradients.dq[at(r, d, dim)]).epsilon(1e-9).margin(1e-13));
+      CHECK(dk == Approx(exact.gradients.dk[at(r, d, dim)]).epsilon(1e-9).margin(1e-13));
+      CHECK(dv == Approx(exact.gradients.dv[at(r, d, dim)]).epsilon(1e-9).margin(1e-13));
+    }
+  }
+
+  const struct {
+    const char* name;
+    std::vector<float> fa::Inputs::*tensor;
+    const std::vector<double>& analytic;
+  } checks[] = {{"dQ", &fa::Inputs::q, exact.gradients.dq},
+                {"dK", &fa::Inputs::k, exact.gradients.dk},
+                {"dV", &fa::Inputs::v, exact.gradients.dv}};
+  for (const auto& check : checks) {
+    const std::vector<double> numeric = finite_differences(inputs, check.tensor, exact.grad_o);
+    REQUIRE(numeric.size() == check.analytic.size());
+    for (std::size_t i = 0; i < numeric.size(); ++i) {
+      INFO(check.name << " element " << i << ": " << check.analytic[i] << ", central differences " << numeric[i]);
+      CHECK(std::fabs(numeric[i] - check.analytic[i]) < 1e-5);
+    }
+  }
 }

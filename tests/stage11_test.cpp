@@ -13,7 +13,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <initializer_list>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -40,7 +42,32 @@ const std::initializer_list<fa::StageDescriptor (*)()> kGpuStages = {fa::stages:
 using fa::test::check_backward;
 using fa::test::general_problems;
 
+// fa_course beside this test program, in bin/ of the same build folder (build-exercise/ for
+// scripts/check_exercises.sh 11): its --walkthrough shows the C++ backward's gradients.
+std::string course_program() {
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? std::string("bin/fa_course") : (self.parent_path() / "fa_course").string();
+}
+
+std::string last_line(const std::string& text) {
+  std::string trimmed = text;
+  while (!trimmed.empty() && trimmed.back() == '\n') trimmed.pop_back();
+  return trimmed.substr(trimmed.rfind('\n') + 1);
+}
+
 }  // namespace
+
+TEST_CASE("stage11: the C++ backward gives the N=4 walkthrough's exact dQ, dK and dV") {
+  // The walkthrough's verdict (runner.hpp, run_walkthrough) on the fixture and its fixed dO
+  // (walkthrough.hpp): the line names the gradient, row and column that differ.
+  std::ostringstream out;
+  const int code = fa::run_walkthrough(fa::stages::backward_cpu(), out);
+  // The command on a line of its own: Catch2 wraps longer lines, and would break it.
+  INFO(last_line(out.str()) << "\nEvery gradient beside its exact value, with D_i, P and dS to check by hand:\n"
+                            << course_program() << " --walkthrough");
+  CHECK(code == fa::kExitOk);
+}
 
 TEST_CASE("stage11: the C++ backward matches the reference gradients on the shape table") {
   const fa::StageDescriptor stage = fa::stages::backward_cpu();
