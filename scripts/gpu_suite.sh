@@ -56,6 +56,10 @@ gpu_stages() {
     [ -x "$bin/$s" ] && { [ -z "${FA_STAGES:-}" ] || [[ " $FA_STAGES " == *" $s "* ]]; } && echo "$s"
   done
 }
+# The GPU stages the C ABI library knows: all but stage 14, whose executable (bin/14_fp8, its own
+# main) runs the bench, memory and sanitize phases while it is no stage of the registry, so the
+# torch and traffic phases, which ask the library, leave it out.
+abi_gpu_stages() { gpu_stages | grep -vx 14_fp8; }
 # The bench phase's CPU stage (its points take minutes): left out when FA_STAGES names only GPU stages.
 cpu_stage() {
   if [ -z "${FA_STAGES:-}" ] || [[ " $FA_STAGES " == *" 01_cpu "* ]]; then echo 01_cpu; fi
@@ -155,10 +159,12 @@ backward_stages() { cache_stage_numbers backward_numbers 's.supports("backward")
 # shellcheck disable=SC2154  # cache_stage_numbers sets it (printf -v)
 is_backward_stage() { backward_stages && number_in "$1" "$backward_numbers"; }
 
-# The stages whose kernels take head dims up to 256 (fa_stage_max_dim): the sanitizer runs them at
-# D = 256 too, where their widest tiles are.
+# The stages whose kernels take head dims up to 256 (fa_stage_max_dim; 14_fp8, which the library
+# does not know, too): the sanitizer runs them at D = 256 too, where their widest tiles are.
 # shellcheck disable=SC2154  # cache_stage_numbers sets it (printf -v)
-is_wide_stage() { cache_stage_numbers wide_numbers 's.max_dim >= 256' && number_in "$1" "$wide_numbers"; }
+is_wide_stage() {
+  [ "$1" = 14_fp8 ] || { cache_stage_numbers wide_numbers 's.max_dim >= 256' && number_in "$1" "$wide_numbers"; }
+}
 
 # The decoding stages (fa_course.selection.DECODE_STAGES: 12_split_kv), by number, comma-separated.
 # They run their own kernel only for a few query rows against many keys and hand a square problem
@@ -264,11 +270,11 @@ phase_torch() {
   # out and the backward calls at the end measure them.
   backward_stages
   # Those of FA_STAGES, by number.
-  only_stages() { gpu_stages | cut -c1-2 | awk -v keep=",$1," 'index(keep, "," $1 ",") > 0' | paste -sd, -; }
+  only_stages() { abi_gpu_stages | cut -c1-2 | awk -v keep=",$1," 'index(keep, "," $1 ",") > 0' | paste -sd, -; }
   local backward decode
   backward=$(only_stages "$backward_numbers")
   decode=$(only_stages "$decode_numbers")
-  forward_stages() { gpu_stages | cut -c1-2 | awk -v skip=",$backward,$decode_numbers," 'index(skip, "," $1 ",") == 0'; }
+  forward_stages() { abi_gpu_stages | cut -c1-2 | awk -v skip=",$backward,$decode_numbers," 'index(skip, "," $1 ",") == 0'; }
   local stages
   stages=$(forward_stages | paste -sd, -)
   local status=0
@@ -368,7 +374,12 @@ phase_exercises() {
 }
 
 phase_traffic() {
-  python3 "$repo/scripts/traffic.py" --bin "$bin" --out "$out/data/traffic.csv" >"$out/logs/traffic.log" 2>&1
+  # By name: traffic.py would take every executable bin/NN_* (14_fp8, 14_fp8_accuracy too) for a stage.
+  local stages
+  stages=$(abi_gpu_stages | paste -sd, -)
+  [ -n "$stages" ] || { note "traffic: no stage of the C ABI selected"; return 0; }
+  python3 "$repo/scripts/traffic.py" --bin "$bin" --stages "$stages" --out "$out/data/traffic.csv" \
+    >"$out/logs/traffic.log" 2>&1
   local status=$?
   note "traffic: $([ $status -eq 0 ] && echo ok || echo FAILED)"
   return $status
