@@ -187,7 +187,7 @@ stage_targets() {
     ninja -C "$build" -t targets all | sed -n 's/^\([^:/]*\): phony$/\1/p'
   else
     cmake --build "$build" --target help | sed -n 's/^\.\.\. \([^ ]*\).*/\1/p'
-  fi | grep -E '^([0-9][0-9]_[A-Za-z0-9_]+|fa_stage_[0-9][0-9]_[A-Za-z0-9_]+|fa_test_stage[0-9][0-9]|ptx_.*|fa_[a-z_]+_ceiling)$' |
+  fi | grep -E '^([0-9][0-9]_[A-Za-z0-9_]+|fa_stage_[0-9][0-9]_[A-Za-z0-9_]+|fa_test_stage[0-9][0-9](_[a-z]+)?|ptx_.*|fa_[a-z_]+_ceiling)$' |
     grep -v '_hash$' | sort -u | tr '\n' ' '
 }
 

@@ -171,7 +171,7 @@ fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the
 # registers: no kernel may spill.
 fa_add_spill_test(NAME "stage13: ptxas spills nothing to local memory (sm_90a)"
   STAGE 13_wgmma_backward SOURCE wgmma_backward.cu ARCH 90a)
-# Stage 14 (FP8, sm_90a; not a stage of the registry: stages/14_fp8/kernels.cmake registers its
+# Stage 14 (FP8, sm_90a; not a stage of the registry: stages/14_fp8/CMakeLists.txt registers its
 # source folder): both products as e4m3 wgmma (S from shared memory at 64 and 128 keys, O += P·V with
 # P from registers in every bucket), the TMA ring, setmaxnreg, and P quantized in registers by
 # cvt.rn.satfinite.e4m3x2. S, P, the next P and O live in registers: no kernel may spill.
