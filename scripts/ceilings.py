@@ -4,6 +4,9 @@
   fp32_sgemm_tf32_off   FP32 matmul 8192^3 with TF32 off (CUDA cores): the roof of stages 01-05
   fp16_tensor_matmul    FP16 matmul 8192^3, FP32 accumulation (tensor cores): stages 06-08
   bf16_tensor_matmul    BF16 likewise
+  fp8_tensor_matmul     e4m3 x e4m3 matmul 8192^3 through torch._scaled_mm (per-tensor FP32 scales,
+                        BF16 out, fast accumulation: the wgmma accumulation stage 14's kernel uses,
+                        without cuBLAS's periodic promotion): stage 14's roof
   fp16_mma_sync, bf16_mma_sync
                         mma.sync.m16n8k16 alone, from registers (stage 08's instruction; measured by
                         the fa_mma_ceiling executable of stages/08_mma_registers, given --mma-ceiling)
@@ -38,7 +41,7 @@ PROGRAM = "ceilings"
 
 # Every metric this script can write: measured here, measured by an executable (named by its
 # option), or a fact of the device.
-MEASURED = ("fp32_sgemm_tf32_off", "fp16_tensor_matmul", "bf16_tensor_matmul", "copy_bandwidth")
+MEASURED = ("fp32_sgemm_tf32_off", "fp16_tensor_matmul", "bf16_tensor_matmul", "fp8_tensor_matmul", "copy_bandwidth")
 FROM_EXECUTABLES = {"fp16_mma_sync": "--mma-ceiling", "bf16_mma_sync": "--mma-ceiling",
                     "read_bandwidth": "--read-ceiling"}
 FACTS = ("device_memory", "multiprocessors", "l2_cache_bytes", "smem_per_sm_bytes")
@@ -79,6 +82,22 @@ def matmul_tflops(torch, dtype, size, warmup, reps):
     b = (torch.rand(size, size, device="cuda", generator=generator) * 2 - 1).to(dtype)
     c = torch.empty(size, size, device="cuda", dtype=dtype)
     ms = median_ms(torch, lambda: torch.matmul(a, b, out=c), warmup, reps)
+    return 2.0 * size**3 / (ms / 1e3) / 1e12
+
+
+def fp8_matmul_tflops(torch, size, warmup, reps):
+    """e4m3 x e4m3 -> BF16 through torch._scaled_mm: A row-major, B column-major (cuBLASLt's FP8 layout
+    rule), per-tensor FP32 scales of 1, fast accumulation."""
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    fp8 = torch.float8_e4m3fn
+    a = (torch.rand(size, size, device="cuda", generator=generator) * 2 - 1).to(fp8)
+    b = (torch.rand(size, size, device="cuda", generator=generator) * 2 - 1).to(fp8).t()  # column-major
+    one = torch.ones((), device="cuda", dtype=torch.float32)
+
+    def run():
+        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True)
+
+    ms = median_ms(torch, run, warmup, reps)
     return 2.0 * size**3 / (ms / 1e3) / 1e12
 
 
@@ -146,6 +165,8 @@ def main():
         (("fp32_sgemm_tf32_off",), matmuls("fp32_sgemm_tf32_off", torch.float32)),
         (("fp16_tensor_matmul",), matmuls("fp16_tensor_matmul", torch.float16)),
         (("bf16_tensor_matmul",), matmuls("bf16_tensor_matmul", torch.bfloat16)),
+        (("fp8_tensor_matmul",), lambda: [("fp8_tensor_matmul", fp8_matmul_tflops(torch, args.size, args.warmup,
+                                                                                  args.reps), "TFLOP/s")]),
         (("copy_bandwidth",), lambda: [("copy_bandwidth", copy_gbps(torch, args.copy_mib, args.warmup, args.reps),
                                         "GB/s")]),
         (("fp16_mma_sync", "bf16_mma_sync"), lambda: executable_rows(args.mma_ceiling)),

@@ -1,10 +1,13 @@
 // bin/14_fp8_accuracy: stage 14's accuracy study on the CPU. For Gaussian inputs and for
 // FlashAttention-3's outlier inputs it computes O with the FP16 model (stage 10's numerics) and the
 // FP8 model under each quantization scheme (fp8_numerics.hpp), and prints as a markdown table the
-// RMSE and the largest error of O against the double reference on the unquantized inputs.
+// RMSE and the largest error of O against the double reference on the unquantized inputs; with
+// --csv FILE it also writes the table as CSV (plots/data/model/fp8_accuracy.csv, which
+// notebooks/fp8.ipynb draws, is this file at the defaults).
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,6 +52,19 @@ std::vector<Row> rows() {
   return out;
 }
 
+// A CSV field: quoted, with any quote doubled (the model names hold commas).
+std::string quoted(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+std::string scientific(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6e", value);
+  return text;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -61,6 +77,9 @@ int main(int argc, char** argv) {
   app.add_option("--dim", problem.dim, "D (1..256)")->check(CLI::Range(1, 256));
   app.add_flag("--causal", problem.causal, "bottom-right causal mask");
   app.add_option("--seed", seed, "input seed");
+  std::string csv_path;
+  app.add_option("--csv", csv_path, "also write the table to this CSV file (one row per model, the problem in "
+                                    "every row; errors with 7 significant digits)");
   CLI11_PARSE(app, argc, argv);
   problem.kv_heads = problem.q_heads;
   problem.kv_seq = problem.q_seq;
@@ -83,21 +102,48 @@ int main(int argc, char** argv) {
       "| model | Q, K scales | rotation | V scales | P | l from | Gaussian RMSE | Gaussian max | "
       "outliers RMSE | outliers max |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  std::ofstream csv;
+  if (!csv_path.empty()) {
+    csv.open(csv_path);
+    if (!csv) {
+      std::fprintf(stderr, "14_fp8_accuracy: cannot write %s\n", csv_path.c_str());
+      return 2;
+    }
+    csv << "B,H,N,D,causal,seed,model,qk_scales,rotation,v_scales,p,l_from,gaussian_rmse,gaussian_max,"
+           "outliers_rmse,outliers_max\n";
+  }
   for (const Row& row : rows()) {
+    std::vector<std::string> fields;  // the columns from the model's name to l from, as printed
     if (row.fp16) {
-      std::printf("| %s | - | - | - | FP16 | FP32 P |", row.name.c_str());
+      fields = {row.name, "-", "-", "-", "FP16", "FP32 P"};
     } else {
       const Fp8Options& o = row.options;
-      std::printf("| %s | %s | %s | %s | e4m3·2^%d | %s |", row.name.c_str(), qk_name(o.qk), o.rotate ? "yes" : "no",
-                  v_name(o.v), o.p_shift, o.l_from_quantized_p ? "e4m3 P" : "FP32 P");
+      fields = {row.name, qk_name(o.qk), o.rotate ? "yes" : "no", v_name(o.v), "e4m3·2^" + std::to_string(o.p_shift),
+                o.l_from_quantized_p ? "e4m3 P" : "FP32 P"};
+    }
+    std::printf("|");
+    for (const std::string& field : fields) std::printf(" %s |", field.c_str());
+    if (csv.is_open()) {
+      csv << problem.batch << ',' << problem.q_heads << ',' << problem.q_seq << ',' << problem.dim << ','
+          << (problem.causal ? 1 : 0) << ',' << seed;
+      for (const std::string& field : fields) csv << ',' << quoted(field);
     }
     for (const Column& c : columns) {
       const Error e =
           error_against(row.fp16 ? fp16_attention(c.inputs) : fp8_attention(c.inputs, row.options), c.reference);
       std::printf(" %.2e | %.2e |", e.rmse, e.max_abs);
+      if (csv.is_open()) csv << ',' << scientific(e.rmse) << ',' << scientific(e.max_abs);
     }
     std::printf("\n");
+    if (csv.is_open()) csv << '\n';
     std::fflush(stdout);
+  }
+  if (csv.is_open()) {
+    csv.close();
+    if (!csv) {
+      std::fprintf(stderr, "14_fp8_accuracy: writing %s failed\n", csv_path.c_str());
+      return 2;
+    }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr, "%.1f s\n", seconds);

@@ -86,5 +86,28 @@ class GraphTimedRows(Folder):
                          [("torch_graph", "12_split_kv", 1, 0)])
 
 
+class Fp8Rows(Folder):
+    """scripts/fp8_peers.py's rows: fp8.csv, a kind of its own, with cuDNN's FP8 attention a peer."""
+
+    def test_fp8_is_a_kind_with_the_results_header(self):
+        folder = self.folder("run", {"fp8.csv": [row("14_fp8/attention", 1.1), row("cudnn_fp8", 1.2)],
+                                     "torch.csv": [row("torch_cudnn", 2.0)]})
+        self.assertEqual(data.check(folder), {"fp8": 2, "torch": 1})
+
+    def test_the_same_key_in_torch_and_fp8_is_no_duplicate_and_merges_apart(self):
+        old = self.folder("old", {"torch.csv": [row("torch_cudnn", 2.0)]})
+        new = self.folder("new", {"fp8.csv": [row("torch_cudnn", 2.1), row("10_overlap", 2.2)]})
+        self.assertEqual(data.merge(new, old), {"fp8": (0, 2, 2)})
+        loaded = data.load(old)
+        self.assertEqual([r["ms_median"] for r in loaded["torch"]], ["2"])
+        self.assertEqual(sorted(r["stage"] for r in loaded["fp8"]), ["10_overlap", "torch_cudnn"])
+
+    def test_stale_leaves_the_fp8_peer_out(self):
+        folder = self.folder("run", {"fp8.csv": [dict(row("14_fp8", 1.0), source_hash="0" * 16),
+                                                 row("cudnn_fp8", 1.2)]})
+        report = data.stale(folder, root=_support.REPO)
+        self.assertEqual([(r["kind"], r["stage"], r["rows"], r["current"]) for r in report], [("fp8", "14_fp8", 1, 0)])
+
+
 if __name__ == "__main__":
     unittest.main()

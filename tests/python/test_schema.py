@@ -141,5 +141,18 @@ class Columns(unittest.TestCase):
             self.assertEqual(len(columns), len(set(columns)))
 
 
+
+class Peers(unittest.TestCase):
+    def test_cudnn_fp8_is_a_peer(self):
+        # scripts/fp8_peers.py's row of cuDNN's FP8 attention: no source_hash, never one of our stages
+        self.assertIn("cudnn_fp8", schema.PEERS)
+        self.assertEqual(len(schema.PEERS), len(set(schema.PEERS)))
+
+    def test_every_peer_has_a_colour(self):
+        from fa_course.bench import figures
+
+        self.assertEqual(set(figures.PEER_COLORS), set(schema.PEERS))
+
+
 if __name__ == "__main__":
     unittest.main()

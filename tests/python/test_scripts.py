@@ -116,3 +116,47 @@ class CeilingsChoice(unittest.TestCase):
         self.assertEqual(len(done.stderr.strip().splitlines()), 1)
         self.assertIn("no metric bogus", done.stderr)
 
+    def test_the_fp8_ceiling_is_measured_like_the_16_bit_ones(self):
+        self.assertIn("fp8_tensor_matmul", self.ceilings.chosen_metrics(None, set()))
+        self.assertEqual(self.ceilings.chosen_metrics("fp8_tensor_matmul", set()), {"fp8_tensor_matmul"})
+
+
+class Fp8Peers(unittest.TestCase):
+    """scripts/fp8_peers.py where there is no GPU: its help, and its refusals in one line."""
+
+    def run_script(self, *arguments):
+        environment = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # no GPU, even on a machine with one
+        return subprocess.run([sys.executable, os.path.join(SCRIPTS, "fp8_peers.py"), *arguments],
+                              capture_output=True, text=True, timeout=120, check=False, env=environment)
+
+    def test_help_lists_what_it_measures(self):
+        done = self.run_script("--help")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        for name in ("14_fp8/quantize", "14_fp8/attention", "10_overlap", "torch_cudnn", "cudnn_fp8",
+                     "nvidia-cudnn-frontend==1.32.0", "--out"):
+            self.assertIn(name, done.stdout)
+
+    def test_without_a_gpu_it_says_so_in_one_line(self):
+        with tempfile.TemporaryDirectory() as folder:
+            out = os.path.join(folder, "fp8.csv")
+            done = self.run_script("--out", out)
+            self.assertEqual(done.returncode, 2)
+            self.assertEqual(done.stdout, "")
+            self.assertEqual(len(done.stderr.strip().splitlines()), 1, done.stderr)
+            self.assertRegex(done.stderr, r"^fp8_peers: (PyTorch .*(needed|sees no CUDA GPU)|.*)")
+            self.assertFalse(os.path.exists(out))
+
+    def test_an_unknown_row_is_refused_before_anything_is_loaded(self):
+        done = self.run_script("--out", "unused.csv", "--rows", "14_fp8,cudnn_fp16")
+        self.assertEqual(done.returncode, 2)
+        self.assertIn("no row cudnn_fp16", done.stderr)
+
+    def test_the_plan(self):
+        peers = load_script("fp8_peers")
+        problems = peers.parse_args(["--out", "x.csv"]).problems
+        self.assertEqual(len(problems), 5 * 2 + 2)
+        self.assertEqual({p.dim for p in problems if p.causal}, {128})
+        self.assertIn(Problem.square(4, 16, 4096, 256), problems)
+        chosen = peers.parse_args(["--out", "x.csv", "--shapes", "1x2x128x64", "--causal", "both"]).problems
+        self.assertEqual(chosen, [Problem.square(1, 2, 128, 64), Problem.square(1, 2, 128, 64, causal=True)])
+

@@ -10,6 +10,10 @@ A data folder holds one file per kind:
   torch_graph.csv  our decoding stage and PyTorch's backends on the same tensors, each call timed as
                    a CUDA graph replay (scripts/compare_torch.py --timing graph): torch.csv's key
                    in a file of its own, so a graph-timed row never replaces a plain one
+  fp8.csv          stage 14 (FP8) beside stage 10 in FP16 and BF16, PyTorch's cuDNN SDPA in FP16 and
+                   cuDNN's FP8 attention (cudnn_fp8), on the same tensors in one process
+                   (scripts/fp8_peers.py): torch.csv's key in a file of its own, so that its FP16
+                   rows never replace those of scripts/compare_torch.py
   ceilings.csv     the device's measured ceilings
   traffic.csv      DRAM and L2 bytes measured with Nsight Compute
   env.txt          date, GPU, driver, CUDA, commit and the source hashes of the run that wrote it
@@ -68,6 +72,7 @@ KINDS = {
     "memory": Kind("memory", "results"),
     "torch": Kind("torch", "results"),
     "torch_graph": Kind("torch_graph", "results"),
+    "fp8": Kind("fp8", "results"),
     "ceilings": Kind("ceilings", "ceilings"),
     "traffic": Kind("traffic", "traffic"),
 }

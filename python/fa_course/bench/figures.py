@@ -8,7 +8,7 @@ from . import data
 from . import schema
 
 PEER_COLORS = {"torch_flash": "#d62728", "torch_efficient": "#ff7f0e", "torch_cudnn": "#e377c2",
-               "torch_math": "#8c564b", "torch_default": "#7f7f7f"}
+               "torch_math": "#8c564b", "torch_default": "#7f7f7f", "cudnn_fp8": "#17becf"}
 
 
 def plots_dir(plots=None, root=data.REPO):

@@ -5,7 +5,8 @@ pandas frames and tells current rows from stale ones. Needs pandas (requirements
 The data folder is plots/data/<gpu>/ (one per GPU), DESIGN.md's "one coherent data set per GPU":
 results.csv (the stage executables' benchmark), memory.csv (the memory sweep), torch.csv (our stages
 and PyTorch's SDPA backends on the same tensors), torch_graph.csv (the same for decoding, each call
-timed as a CUDA graph replay), ceilings.csv, traffic.csv, env.txt. Rows have the general-shape
+timed as a CUDA graph replay), fp8.csv (stage 14 beside stage 10 and cuDNN's FP16 and FP8 attention,
+scripts/fp8_peers.py), ceilings.csv, traffic.csv, env.txt. Rows have the general-shape
 columns (B, Hq, Hkv, Nq, Nk, D, ..., pass); files of the square era (B, H, N, D) are converted on
 read. Within a kind a key is unique (fa_course.bench.data.check); a notebook that reads several kinds
 names their order, and where a key is in more than one, the first kind's row is used and the
@@ -22,6 +23,8 @@ from . import schema
 
 # The ceiling a row of each precision is measured against (scripts/ceilings.py).
 CEILING_OF_DTYPE = {"fp32": "fp32_sgemm_tf32_off", "fp16": "fp16_tensor_matmul", "bf16": "bf16_tensor_matmul"}
+# ... and of an FP8 product (stage 14's e4m3 operands, cuDNN's FP8 attention)
+FP8_CEILING = "fp8_tensor_matmul"
 NUMERIC = ["B", "Hq", "Hkv", "Nq", "Nk", "D", "causal", "ms_median", "ms_min", "tflops", "gbps", "peak_bytes",
            "max_abs_err", "rel_l2_err", "dram_read_bytes", "dram_write_bytes", "l2_bytes", "predicted_bytes", "value"]
 SHAPE = ["B", "Hq", "Hkv", "Nq", "Nk", "D", "causal", "pass"]
@@ -115,6 +118,19 @@ def square(frame):
     if frame is None:
         return None
     return frame[(frame.Hq == frame.Hkv) & (frame.Nq == frame.Nk) & (frame["pass"] == "fwd")]
+
+
+MODEL_FOLDER = os.path.join("plots", "model")
+
+
+def load_model_table(name, root=data.REPO):
+    """A table of a CPU model, the same on every GPU, as a frame: plots/model/<name>.csv of the checkout
+    at `root` (fp8_accuracy: stage 14's accuracy study, `14_fp8_accuracy --csv`). None when it is absent."""
+    path = os.path.join(root, MODEL_FOLDER, f"{name}.csv")
+    if not os.path.exists(path):
+        print(f"no data yet: {os.path.relpath(path, root)} does not exist")
+        return None
+    return pd.read_csv(path)
 
 
 def load_ceilings(data_dir):

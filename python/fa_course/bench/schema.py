@@ -30,7 +30,9 @@ TRAFFIC_COLUMNS = [
 TRAFFIC_KEY = RESULTS_KEY
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
-PEERS = ["torch_flash", "torch_efficient", "torch_cudnn", "torch_math", "torch_default"]
+# The rows of other people's kernels (no source_hash): PyTorch's SDPA backends (the torch runner), and
+# cuDNN's FP8 attention through the cuDNN frontend (scripts/fp8_peers.py, beside stage 14).
+PEERS = ["torch_flash", "torch_efficient", "torch_cudnn", "torch_math", "torch_default", "cudnn_fp8"]
 STATUSES = ("ok", "oom", "unsupported", "error")
 
 

@@ -303,7 +303,9 @@ METHODS = {
     "cpp": ("common", ("runner.cpp", "timing.cpp", "metrics.cpp", "inputs.cpp", "reference.cpp", "report.cpp")),
     "torch": ("python", ("torch_runner.py", "torch_gpu.py")),
 }
-METHOD_OF_KIND = {"results": "cpp", "memory": "cpp", "torch": "torch", "torch_graph": "torch"}
+# fp8.csv (scripts/fp8_peers.py) times and checks with the torch runner's functions (torch_gpu's event
+# timing, torch_runner's float64 comparison and its stage and SDPA calls): the torch method.
+METHOD_OF_KIND = {"results": "cpp", "memory": "cpp", "torch": "torch", "torch_graph": "torch", "fp8": "torch"}
 
 
 def stage_dependencies(stage, root):
