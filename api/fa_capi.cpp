@@ -14,6 +14,8 @@
 //   4. the GPU (CUDA stages): none is FA_CUDA_ERROR, a wrong architecture FA_UNSUPPORTED;
 //   5. where each pointer lives (host or device, and which device): FA_INVALID_ARGUMENT;
 //   6. the stage itself: its Status becomes FA_OK, FA_UNSUPPORTED or FA_CUDA_ERROR.
+// The FP8 calls (fa_fp8_*: stage 14, which is no stage of the registry) take the same steps, with
+// the problem checked against stage 14's limits and the GPU against its one architecture, sm_90.
 #include "fa_capi.h"
 
 #include <cuda_runtime_api.h>
@@ -34,6 +36,12 @@
 #include "fa/stage.hpp"
 #include "fa/stages.hpp"
 
+#if FA_CAPI_FP8
+#include "fp8_attention.hpp"
+#include "fp8_numerics.hpp"
+#include "quantize.hpp"
+#endif
+
 // The layouts the header documents (LP64). A failure here means the header changed a layout that
 // callers (ctypes mirrors included) depend on.
 static_assert(sizeof(fa_problem) == FA_PROBLEM_SIZE_V2, "fa_problem changed size");
@@ -47,10 +55,18 @@ static_assert(sizeof(fa_backward_args) == FA_BACKWARD_ARGS_SIZE_V2, "fa_backward
 static_assert(offsetof(fa_backward_args, problem) == 8 && offsetof(fa_backward_args, lse) == 56 &&
                   offsetof(fa_backward_args, stream) == 96,
               "fa_backward_args changed layout");
+static_assert(sizeof(fa_fp8_quantize_args) == FA_FP8_QUANTIZE_ARGS_SIZE_V3, "fa_fp8_quantize_args changed size");
+static_assert(offsetof(fa_fp8_quantize_args, dtype) == 16 && offsetof(fa_fp8_quantize_args, q) == 24 &&
+                  offsetof(fa_fp8_quantize_args, stream) == 104,
+              "fa_fp8_quantize_args changed layout");
+static_assert(sizeof(fa_fp8_forward_args) == FA_FP8_FORWARD_ARGS_SIZE_V3, "fa_fp8_forward_args changed size");
+static_assert(offsetof(fa_fp8_forward_args, qk_dim) == 24 && offsetof(fa_fp8_forward_args, q) == 32 &&
+                  offsetof(fa_fp8_forward_args, stream) == 104,
+              "fa_fp8_forward_args changed layout");
 
 namespace {
 
-constexpr int kAbiVersion = 2;
+constexpr int kAbiVersion = 3;
 
 // A struct size beyond this is not a newer header's struct but an unset `size` field; reading
 // that many bytes of the caller's memory could fault.
@@ -121,17 +137,17 @@ std::string cuda_message(const char* what, cudaError_t code) {
 }
 
 // Copies a caller's size-prefixed struct into `out` by the rule of fa_capi.h: at least
-// `minimum` bytes (the struct's version-2 size); the bytes we know are copied into a zeroed
-// local; bytes past them (a newer caller's fields) must be zero.
+// `minimum` bytes (the size of the struct in ABI version `version`, which brought it); the bytes we
+// know are copied into a zeroed local; bytes past them (a newer caller's fields) must be zero.
 template <typename Struct>
-int read_struct(const char* call, const char* name, const void* from, uint32_t minimum, Struct& out) {
+int read_struct(const char* call, const char* name, const void* from, uint32_t minimum, Struct& out, int version = 2) {
   if (from == nullptr) return fail(FA_INVALID_ARGUMENT, std::string(call) + ": " + name + " is NULL");
   uint32_t size = 0;
   std::memcpy(&size, from, sizeof(size));
   if (size < minimum) {
     return fail(FA_INVALID_ARGUMENT, std::string(call) + ": " + name + "->size is " + std::to_string(size) +
-                                         ", less than the " + std::to_string(minimum) +
-                                         " bytes of ABI version 2 (set size = sizeof the struct)");
+                                         ", less than the " + std::to_string(minimum) + " bytes of ABI version " +
+                                         std::to_string(version) + " (set size = sizeof the struct)");
   }
   if (size > kMaxStructSize) {
     return fail(FA_INVALID_ARGUMENT, std::string(call) + ": " + name + "->size is " + std::to_string(size) +
@@ -198,19 +214,16 @@ struct Tensor {
   const void* pointer;
 };
 
-int check_not_null(const fa::StageDescriptor& stage, const std::vector<Tensor>& tensors) {
+// `who` starts every message: "stage 08_mma_registers", "fa_fp8_forward".
+int check_not_null(const std::string& who, const std::vector<Tensor>& tensors) {
   for (const Tensor& tensor : tensors) {
-    if (tensor.pointer == nullptr) {
-      return fail(FA_INVALID_ARGUMENT, std::string("stage ") + stage.id + ": " + tensor.name + " is NULL");
-    }
+    if (tensor.pointer == nullptr) return fail(FA_INVALID_ARGUMENT, who + ": " + tensor.name + " is NULL");
   }
   return FA_OK;
 }
 
-// A CUDA stage runs on the current device, which must exist and have the stage's architecture:
-// its compute capability or newer, or exactly that one for an sm_90a-style stage. Checked here,
-// before the stage's kernels could fail to launch or load.
-int check_device(const Entry& entry, int& device) {
+// The current device and its compute capability (90 for sm_90); FA_CUDA_ERROR when there is none.
+int current_device(const std::string& who, int& device, int& capability) {
   int major = 0;
   int minor = 0;
   cudaError_t code = cudaGetDevice(&device);
@@ -223,10 +236,21 @@ int check_device(const Entry& entry, int& device) {
     const fa::DeviceInfo found = fa::query_device();
     const std::string why =
         found.present ? cuda_message("no usable CUDA device", code) : fa::describe_missing_gpu(found);
-    return fail(FA_CUDA_ERROR, std::string("stage ") + entry.stage.id + ": " + why);
+    return fail(FA_CUDA_ERROR, who + ": " + why);
+  }
+  capability = 10 * major + minor;
+  return FA_OK;
+}
+
+// A CUDA stage runs on the current device, which must exist and have the stage's architecture:
+// its compute capability or newer, or exactly that one for an sm_90a-style stage. Checked here,
+// before the stage's kernels could fail to launch or load.
+int check_device(const Entry& entry, int& device) {
+  int capability = 0;
+  if (const int status = current_device(std::string("stage ") + entry.stage.id, device, capability); status != FA_OK) {
+    return status;
   }
   const fa::Architecture& architecture = entry.stage.architecture;
-  const int capability = 10 * major + minor;
   const bool runs = architecture.exact ? capability == architecture.compute_capability
                                        : capability >= architecture.compute_capability;
   if (!runs) {
@@ -234,26 +258,25 @@ int check_device(const Entry& entry, int& device) {
                                std::to_string(architecture.compute_capability % 10);
     return fail(FA_UNSUPPORTED, std::string("stage ") + entry.stage.id + " needs " + entry.architecture +
                                     " (compute capability " + needed + (architecture.exact ? " exactly" : " or newer") +
-                                    "); device " + std::to_string(device) + " has " + std::to_string(major) + "." +
-                                    std::to_string(minor));
+                                    "); device " + std::to_string(device) + " has " + std::to_string(capability / 10) +
+                                    "." + std::to_string(capability % 10));
   }
   return FA_OK;
 }
 
 // A host pointer handed to a kernel (or a device pointer to the CPU loop) would crash the
 // process or poison the CUDA context for everyone in it; the driver knows which is which.
-// `device` is the current device (CUDA stages only).
-int check_pointer(const fa::StageDescriptor& stage, int device, const Tensor& tensor) {
-  const std::string prefix = std::string("stage ") + stage.id;
+// `device` is the current device (CUDA only); `prefix` starts the messages.
+int check_pointer(const std::string& prefix, fa::Backend backend, int device, const Tensor& tensor) {
   cudaPointerAttributes attributes{};
   const cudaError_t code = cudaPointerGetAttributes(&attributes, tensor.pointer);
   if (code != cudaSuccess) {
     cudaGetLastError();
     // Without a usable driver no device memory exists, so the pointer is host memory.
-    if (stage.backend == fa::Backend::cpu) return FA_OK;
+    if (backend == fa::Backend::cpu) return FA_OK;
     return fail(FA_CUDA_ERROR, prefix + ": " + cuda_message(tensor.name, code));
   }
-  if (stage.backend == fa::Backend::cpu) {
+  if (backend == fa::Backend::cpu) {
     if (attributes.type != cudaMemoryTypeDevice) return FA_OK;
     return fail(FA_INVALID_ARGUMENT,
                 prefix + " runs on the CPU: " + tensor.name + " must be host memory, not device memory");
@@ -272,13 +295,14 @@ int check_pointer(const fa::StageDescriptor& stage, int device, const Tensor& te
 
 // Steps 3 to 5 of the file comment, for the pointers of one call.
 int check_memory(const Entry& entry, const std::vector<Tensor>& tensors) {
-  if (const int status = check_not_null(entry.stage, tensors); status != FA_OK) return status;
+  const std::string prefix = std::string("stage ") + entry.stage.id;
+  if (const int status = check_not_null(prefix, tensors); status != FA_OK) return status;
   int device = -1;
   if (entry.stage.backend == fa::Backend::cuda) {
     if (const int status = check_device(entry, device); status != FA_OK) return status;
   }
   for (const Tensor& tensor : tensors) {
-    if (const int status = check_pointer(entry.stage, device, tensor); status != FA_OK) return status;
+    if (const int status = check_pointer(prefix, entry.stage.backend, device, tensor); status != FA_OK) return status;
   }
   if (entry.stage.backend == fa::Backend::cuda) cudaGetLastError();  // the stage's checks see only its own launches
   return FA_OK;
@@ -433,6 +457,225 @@ int guarded_forward(const char* call, const char* stage_id, const fa_forward_arg
   }
 }
 
+// ---- FP8: stage 14 -------------------------------------------------------------------------------
+
+// An fa_fp8_* call: `body` returns its fa_status, and nothing it throws crosses the C boundary.
+template <typename Body>
+int guarded_fp8(Body&& body) noexcept {
+  last_error.clear();
+  try {
+    return body();
+  } catch (...) {
+    return status_of_current_exception();
+  }
+}
+
+#if FA_CAPI_FP8
+
+constexpr int64_t kFp8MaxDim = 256;  // stage 14 takes stage 10's head dims, 1 .. 256
+
+// The problem against stage 14's limits: a size it refuses is FA_INVALID_SHAPE.
+int read_fp8_problem(const char* call, const fa_problem* from, fa::Problem& problem) {
+  if (const int status = read_problem(call, from, problem); status != FA_OK) return status;
+  const std::string why = fa::validate_problem(problem, kFp8MaxDim);
+  return why.empty() ? FA_OK : fail(FA_INVALID_SHAPE, std::string(call) + ": " + why);
+}
+
+int read_dtype(const char* call, const char* name, int value, fa::Precision& precision) {
+  if (value == FA_DTYPE_FP16 || value == FA_DTYPE_BF16) {
+    precision = value == FA_DTYPE_FP16 ? fa::Precision::fp16 : fa::Precision::bf16;
+    return FA_OK;
+  }
+  return fail(FA_INVALID_ARGUMENT, std::string(call) + ": " + name + " is " + std::to_string(value) +
+                                       "; it must be FA_DTYPE_FP16 (1) or FA_DTYPE_BF16 (2)");
+}
+
+int read_flag(const char* call, const char* name, int value) {
+  if (value == 0 || value == 1) return FA_OK;
+  return fail(FA_INVALID_ARGUMENT,
+              std::string(call) + ": " + name + " is " + std::to_string(value) + "; it must be 0 or 1");
+}
+
+// Steps 3 to 5 of the file comment for an FP8 call: no NULL, an sm_90 GPU (the only one stage 14's
+// kernels run on: wgmma on e4m3), device memory on it, and the alignments TMA and the kernels need:
+// 16 bytes for the e4m3 tensors (`aligned16`), 256 for the workspace.
+int check_fp8_memory(const char* call, const std::vector<Tensor>& tensors, const std::vector<Tensor>& aligned16,
+                     const void* workspace) {
+  if (const int status = check_not_null(call, tensors); status != FA_OK) return status;
+  int device = -1;
+  int capability = 0;
+  if (const int status = current_device(call, device, capability); status != FA_OK) return status;
+  if (capability != 90) {
+    return fail(FA_UNSUPPORTED, std::string(call) +
+                                    ": FP8 attention (stage 14) runs on sm_90 (H100, H200) only; device " +
+                                    std::to_string(device) + " has compute capability " +
+                                    std::to_string(capability / 10) + "." + std::to_string(capability % 10));
+  }
+  for (const Tensor& tensor : tensors) {
+    if (const int status = check_pointer(call, fa::Backend::cuda, device, tensor); status != FA_OK) return status;
+  }
+  for (const Tensor& tensor : aligned16) {
+    if (reinterpret_cast<std::uintptr_t>(tensor.pointer) % 16 != 0) {
+      return fail(FA_INVALID_ARGUMENT, std::string(call) + ": " + tensor.name + " must start on a 16-byte boundary");
+    }
+  }
+  if (workspace != nullptr && reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0) {
+    return fail(FA_INVALID_ARGUMENT, std::string(call) + ": the workspace must start on a 256-byte boundary");
+  }
+  cudaGetLastError();  // stage 14's checks see only its own launches
+  return FA_OK;
+}
+
+// Step 6: stage 14's Status as an fa_status.
+int finish_fp8(const char* call, const fa::Status& status) {
+  switch (status.code()) {
+    case fa::Status::Code::ok:
+      return FA_OK;
+    case fa::Status::Code::unsupported:
+      return fail(FA_UNSUPPORTED, std::string(call) + ": " + status.reason());
+    case fa::Status::Code::cuda_error:
+      return fail(FA_CUDA_ERROR, std::string(call) + ": " + cuda_message("stage 14", status.cuda_error()));
+  }
+  return fail(FA_INTERNAL_ERROR, std::string(call) + ": stage 14 returned an unknown status");
+}
+
+int64_t fp8_workspace_bytes(const fa_problem* raw_problem, int call) {
+  const char* name = "fa_fp8_workspace_bytes";
+  fa::Problem problem;
+  if (read_fp8_problem(name, raw_problem, problem) != FA_OK) return -1;
+  switch (call) {
+    case FA_FP8_QUANTIZE:
+      return fa::fp8::quantize_scratch_bytes(problem);
+    case FA_FP8_FORWARD:  // the room to arrange Q, K and V; fa_fp8_attention's too, which quantizes there
+    case FA_FP8_ATTENTION:
+      return fa::fp8::fp8_workspace_bytes(problem);
+    default:
+      fail(FA_INVALID_ARGUMENT, std::string(name) + ": call is " + std::to_string(call) +
+                                    "; it must be FA_FP8_QUANTIZE (0), FA_FP8_FORWARD (1) or FA_FP8_ATTENTION (2)");
+      return -1;
+  }
+}
+
+int fp8_quantize(const fa_fp8_quantize_args* raw_args) {
+  const char* call = "fa_fp8_quantize";
+  fa_fp8_quantize_args raw;
+  int status = read_struct(call, "args", raw_args, FA_FP8_QUANTIZE_ARGS_SIZE_V3, raw, 3);
+  fa::Problem problem;
+  fa::Precision precision = fa::Precision::fp16;
+  if (status == FA_OK) status = read_fp8_problem(call, raw.problem, problem);
+  if (status == FA_OK) status = read_dtype(call, "args->dtype", raw.dtype, precision);
+  if (status == FA_OK) status = read_flag(call, "args->rotate", raw.rotate);
+  if (status == FA_OK) {
+    status = check_fp8_memory(call,
+                              {{"q", raw.q},
+                               {"k", raw.k},
+                               {"v", raw.v},
+                               {"q_fp8", raw.q_fp8},
+                               {"k_fp8", raw.k_fp8},
+                               {"v_fp8", raw.v_fp8},
+                               {"q_descale", raw.q_descale},
+                               {"k_descale", raw.k_descale},
+                               {"v_descale", raw.v_descale},
+                               {"workspace", raw.workspace}},
+                              {{"q_fp8", raw.q_fp8}, {"k_fp8", raw.k_fp8}, {"v_fp8", raw.v_fp8}}, nullptr);
+  }
+  if (status != FA_OK) return status;
+  fa::fp8::QuantizedOutputs out;
+  out.q = static_cast<uint8_t*>(raw.q_fp8);
+  out.k = static_cast<uint8_t*>(raw.k_fp8);
+  out.v_transposed = static_cast<uint8_t*>(raw.v_fp8);
+  out.q_descale = raw.q_descale;
+  out.k_descale = raw.k_descale;
+  out.v_descale = raw.v_descale;
+  out.v_amax = raw.workspace;
+  return finish_fp8(call, fa::fp8::quantize_into(problem, precision, raw.q, raw.k, raw.v, raw.rotate == 1, out,
+                                                 static_cast<cudaStream_t>(raw.stream)));
+}
+
+int fp8_forward(const fa_fp8_forward_args* raw_args) {
+  const char* call = "fa_fp8_forward";
+  fa_fp8_forward_args raw;
+  int status = read_struct(call, "args", raw_args, FA_FP8_FORWARD_ARGS_SIZE_V3, raw, 3);
+  fa::Problem problem;
+  fa::Precision out_precision = fa::Precision::fp16;
+  if (status == FA_OK) status = read_fp8_problem(call, raw.problem, problem);
+  if (status == FA_OK) status = read_dtype(call, "args->out_dtype", raw.out_dtype, out_precision);
+  if (status == FA_OK) status = read_flag(call, "args->v_layout", raw.v_layout);
+  if (status != FA_OK) return status;
+  const int64_t dim_padded = fa::fp8::pad_dim(problem.dim);
+  const int64_t qk_dim = raw.qk_dim == 0 ? problem.dim : raw.qk_dim;
+  if (qk_dim != problem.dim && qk_dim != dim_padded) {
+    return fail(FA_INVALID_SHAPE, std::string(call) + ": args->qk_dim is " + std::to_string(raw.qk_dim) +
+                                      "; rows of q and k hold dim (" + std::to_string(problem.dim) + ") or Dpad (" +
+                                      std::to_string(dim_padded) + ") codes");
+  }
+  // Padding Q and K or transposing V needs the workspace; inputs in the kernel's layouts need none.
+  const bool arranges = qk_dim != dim_padded || raw.v_layout == FA_FP8_V_ROWS;
+  std::vector<Tensor> tensors = {{"q", raw.q},
+                                 {"k", raw.k},
+                                 {"v", raw.v},
+                                 {"q_descale", raw.q_descale},
+                                 {"k_descale", raw.k_descale},
+                                 {"v_descale", raw.v_descale},
+                                 {"o", raw.o}};
+  if (raw.lse != nullptr) tensors.push_back({"lse", raw.lse});
+  if (arranges) tensors.push_back({"workspace", raw.workspace});
+  std::vector<Tensor> aligned16;
+  if (qk_dim == dim_padded) aligned16 = {{"q", raw.q}, {"k", raw.k}};
+  if (raw.v_layout == FA_FP8_V_TRANSPOSED) aligned16.push_back({"v", raw.v});
+  if ((status = check_fp8_memory(call, tensors, aligned16, arranges ? raw.workspace : nullptr)) != FA_OK) {
+    return status;
+  }
+  fa::fp8::E4m3Rows rows;
+  rows.q = static_cast<const uint8_t*>(raw.q);
+  rows.k = static_cast<const uint8_t*>(raw.k);
+  rows.qk_dim = qk_dim;
+  rows.v = static_cast<const uint8_t*>(raw.v);
+  rows.v_transposed = raw.v_layout == FA_FP8_V_TRANSPOSED;
+  rows.q_descale = raw.q_descale;
+  rows.k_descale = raw.k_descale;
+  rows.v_descale = raw.v_descale;
+  const cudaStream_t stream = static_cast<cudaStream_t>(raw.stream);
+  fa::fp8::QuantizedInputs inputs;
+  const fa::Status arranged = fa::fp8::arrange_e4m3(problem, rows, raw.workspace, &inputs, stream);
+  if (!arranged.ok()) return finish_fp8(call, arranged);
+  return finish_fp8(call, fa::fp8::fp8_forward_quantized(problem, inputs, out_precision, raw.o, raw.lse, stream));
+}
+
+int fp8_attention(const fa_forward_args* raw_args, int dtype, int rotate) {
+  const char* call = "fa_fp8_attention";
+  fa_forward_args raw;
+  int status = read_struct(call, "args", raw_args, FA_FORWARD_ARGS_SIZE_V2, raw);
+  fa::ForwardArgs args;
+  fa::Precision precision = fa::Precision::fp16;
+  if (status == FA_OK) status = read_fp8_problem(call, raw.problem, args.problem);
+  if (status == FA_OK) status = read_dtype(call, "dtype", dtype, precision);
+  if (status == FA_OK) status = read_flag(call, "rotate", rotate);
+  if (status != FA_OK) return status;
+  std::vector<Tensor> tensors = {{"q", raw.q}, {"k", raw.k}, {"v", raw.v}, {"o", raw.o}, {"workspace", raw.workspace}};
+  if (raw.lse != nullptr) tensors.push_back({"lse", raw.lse});
+  if ((status = check_fp8_memory(call, tensors, {}, raw.workspace)) != FA_OK) return status;
+  args.q = raw.q;
+  args.k = raw.k;
+  args.v = raw.v;
+  args.o = raw.o;
+  args.lse = raw.lse;
+  args.workspace = raw.workspace;
+  args.stream = static_cast<cudaStream_t>(raw.stream);
+  fa::fp8::ForwardOptions options;
+  options.rotate = rotate == 1;
+  return finish_fp8(call, fa::fp8::fp8_forward(args, precision, options));
+}
+
+#else
+
+// A library built without stage 14 (FA_ONLY_STAGES left it out): every FP8 call says so.
+int fp8_missing(const char* call) {
+  return fail(FA_UNSUPPORTED, std::string(call) + ": this library was built without stage 14 (FP8)");
+}
+
+#endif
+
 }  // namespace
 
 extern "C" {
@@ -475,6 +718,40 @@ int fa_forward(const char* stage_id, int64_t batch, int64_t heads, int64_t seq, 
   args.stream = stream;
   return guarded_forward("fa_forward", stage_id, &args);
 }
+
+#if FA_CAPI_FP8
+int64_t fa_fp8_workspace_bytes(const fa_problem* problem, int call) {
+  int64_t bytes = -1;
+  guarded_fp8([&] {
+    bytes = fp8_workspace_bytes(problem, call);
+    return FA_OK;
+  });
+  return bytes;
+}
+int fa_fp8_quantize(const fa_fp8_quantize_args* args) {
+  return guarded_fp8([&] { return fp8_quantize(args); });
+}
+int fa_fp8_forward(const fa_fp8_forward_args* args) {
+  return guarded_fp8([&] { return fp8_forward(args); });
+}
+int fa_fp8_attention(const fa_forward_args* args, int dtype, int rotate) {
+  return guarded_fp8([&] { return fp8_attention(args, dtype, rotate); });
+}
+#else
+int64_t fa_fp8_workspace_bytes(const fa_problem*, int) {
+  guarded_fp8([] { return fp8_missing("fa_fp8_workspace_bytes"); });
+  return -1;
+}
+int fa_fp8_quantize(const fa_fp8_quantize_args*) {
+  return guarded_fp8([] { return fp8_missing("fa_fp8_quantize"); });
+}
+int fa_fp8_forward(const fa_fp8_forward_args*) {
+  return guarded_fp8([] { return fp8_missing("fa_fp8_forward"); });
+}
+int fa_fp8_attention(const fa_forward_args*, int, int) {
+  return guarded_fp8([] { return fp8_missing("fa_fp8_attention"); });
+}
+#endif
 
 int fa_stage_features(const char* stage_id) {
   const fa::StageDescriptor* stage = find_stage(stage_id);

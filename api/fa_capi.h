@@ -22,9 +22,10 @@
  *   if (fa_forward_v2("08_mma_registers", &args) != FA_OK) fprintf(stderr, "%s\n", fa_last_error());
  *
  * ABI versions. Version 1 (fa_forward, fa_workspace_bytes) takes the square (B, H, N, D) problem
- * as plain arguments; it stays, as thin wrappers over version 2. Version 2 (fa_abi_version() == 2)
- * takes size-prefixed structs. Their layouts are natural alignment on a 64-bit platform (LP64,
- * the only kind CUDA supports); the struct declarations below are the layout, in this order:
+ * as plain arguments; it stays, as thin wrappers over version 2. Version 2 takes size-prefixed
+ * structs. Version 3 (fa_abi_version() == 3) adds the FP8 forward pass (fa_fp8_*, at the end), and
+ * changes nothing of version 2. The layouts are natural alignment on a 64-bit platform (LP64, the
+ * only kind CUDA supports); the struct declarations below are the layout, in this order:
  *
  *   fa_problem        64 bytes: size @0, batch @8, q_heads @16, kv_heads @24, q_seq @32,
  *                     kv_seq @40, dim @48, causal @56 (int32), 4 bytes of padding
@@ -32,11 +33,18 @@
  *                     workspace @56, stream @64
  *   fa_backward_args 104 bytes: size @0, problem @8, q @16, k @24, v @32, o @40, grad_o @48,
  *                     lse @56, grad_q @64, grad_k @72, grad_v @80, workspace @88, stream @96
+ *   fa_fp8_quantize_args 112 bytes: size @0, problem @8, dtype @16, rotate @20, q @24, k @32, v @40,
+ *                     q_fp8 @48, k_fp8 @56, v_fp8 @64, q_descale @72, k_descale @80, v_descale @88,
+ *                     workspace @96, stream @104
+ *   fa_fp8_forward_args 112 bytes: size @0, problem @8, out_dtype @16, v_layout @20, qk_dim @24,
+ *                     q @32, k @40, v @48, q_descale @56, k_descale @64, v_descale @72, o @80,
+ *                     lse @88, workspace @96, stream @104
  *
  * The size-prefix rule, the same for every struct:
  *   - `size` is the caller's sizeof of the struct (FFI callers: ctypes.sizeof of their mirror).
- *   - A size below the version-2 size (FA_*_SIZE_V2) is refused with FA_INVALID_ARGUMENT: the
- *     struct cannot hold the fields every caller must set (or `size` was never set).
+ *   - A size below the size of the version that brought the struct (FA_*_SIZE_V2, FA_*_SIZE_V3)
+ *     is refused with FA_INVALID_ARGUMENT: the struct cannot hold the fields every caller must set
+ *     (or `size` was never set).
  *   - A larger size (a caller built against a newer header) is taken: the library reads the
  *     fields it knows. The bytes past them must be zero (a later field's zero means "as before");
  *     a nonzero one asks for something this library does not know, and the call returns
@@ -157,7 +165,7 @@ enum fa_feature {
   FA_FEATURE_BACKWARD = 1 << 4     /* fa_backward_v2 */
 };
 
-/* 2 for this header's library. */
+/* 3 for this header's library. */
 FA_CAPI_EXPORT int fa_abi_version(void);
 
 /* Bytes of workspace `pass` (an fa_pass) needs for this problem (0: none), or -1 when the stage is
@@ -217,10 +225,107 @@ FA_CAPI_EXPORT int fa_stage_min_compute_capability(const char* stage_id);
  * max|V| is `max_abs_v` (the harness's fa::tolerance), or -1 for an unknown precision. */
 FA_CAPI_EXPORT double fa_tolerance(const char* precision, double max_abs_v);
 
-/* What went wrong in this thread's latest fa_workspace_bytes*, fa_forward* or fa_backward_v2 call;
- * "" after a success. Valid until the thread's next such call. The stage-fact calls leave it as
- * it is. */
+/* What went wrong in this thread's latest fa_workspace_bytes*, fa_forward*, fa_backward_v2 or
+ * fa_fp8_* call; "" after a success. Valid until the thread's next such call. The stage-fact calls
+ * leave it as it is. */
 FA_CAPI_EXPORT const char* fa_last_error(void);
+
+/* ---- Version 3: FP8 (e4m3) attention, the forward pass of stage 14 --------------------------
+ *
+ * Stage 14 is no stage of the registry (fa_stage_id does not list it): these calls are its own.
+ * Forward only (there is no FP8 backward pass), on an H100 or H200 alone (compute capability 9.0
+ * exactly: FA_UNSUPPORTED on any other GPU, FA_CUDA_ERROR without one). The problem (fa_problem)
+ * is the version-2 one: causal, grouped-query heads and q_seq != kv_seq as there, dim 1 .. 256, the
+ * scale 1 / sqrt(dim); O is FP16 or BF16, the LSE FP32 as there. Not yet run on a GPU.
+ *
+ * Shapes, with Dpad = 64, 128 or 256 (the first that holds dim), Nk_pad = kv_seq rounded up to a
+ * multiple of 16, Bq = ceil(q_seq / 128) and Bk = ceil(kv_seq / 128):
+ *   q   e4m3 (batch, q_heads, q_seq, qk_dim)      q_descale float (batch, q_heads, Bq)
+ *   k   e4m3 (batch, kv_heads, kv_seq, qk_dim)    k_descale float (batch, kv_heads, Bk)
+ *   v   FA_FP8_V_ROWS:       e4m3 (batch, kv_heads, kv_seq, dim), v_descale (batch, kv_heads, dim)
+ *       FA_FP8_V_TRANSPOSED: e4m3 (batch, kv_heads, Dpad, Nk_pad), v_descale (batch, kv_heads, Dpad):
+ *       the kernel's V^T, each group of 16 keys permuted, as fa_fp8_quantize writes it
+ * A value is descale * e4m3: Q's row i of head h uses q_descale[b][h][i / 128], K's key j
+ * k_descale[b][g][j / 128], V's channel d v_descale[b][g][d]. So
+ *   O = softmax((q_descale * Q)(k_descale * K)^T / sqrt(dim)) (V * v_descale).
+ * qk_dim is dim or Dpad (rows padded with zeros, or rotated: Q and K may be multiplied by the same
+ * orthogonal matrix, which leaves Q K^T as it is; fa_fp8_quantize rotates and writes rows of Dpad).
+ * FlashAttention-3 takes one descale per (batch, kv head) for each of Q, K and V: repeat it over
+ * the blocks (and over each kv head's query heads for Q, and over the channels for V).
+ * Tensors are device pointers on the current device, contiguous; the e4m3 tensors and the workspace
+ * (fa_fp8_workspace_bytes) start on 16- and 256-byte boundaries. Everything runs on `stream`. */
+
+enum fa_dtype { FA_DTYPE_FP16 = 1, FA_DTYPE_BF16 = 2 };
+enum fa_fp8_v_layout { FA_FP8_V_ROWS = 0, FA_FP8_V_TRANSPOSED = 1 };
+/* The call fa_fp8_workspace_bytes sizes the workspace for. */
+enum fa_fp8_call { FA_FP8_QUANTIZE = 0, FA_FP8_FORWARD = 1, FA_FP8_ATTENTION = 2 };
+
+/* 16-bit Q, K, V to e4m3 and their descales: Q and K per block of 128 rows (rows of Dpad codes,
+ * rotated when `rotate`), V per channel, written FA_FP8_V_TRANSPOSED. */
+typedef struct fa_fp8_quantize_args {
+  uint32_t size; /* the caller's sizeof(fa_fp8_quantize_args) */
+  const fa_problem* problem;
+  int32_t dtype;  /* fa_dtype of q, k and v */
+  int32_t rotate; /* 1: rotate Q and K (a Hadamard transform) first, the accurate choice; 0: do not */
+  const void* q;
+  const void* k;
+  const void* v;
+  void* q_fp8; /* (batch, q_heads, q_seq, Dpad) */
+  void* k_fp8; /* (batch, kv_heads, kv_seq, Dpad) */
+  void* v_fp8; /* (batch, kv_heads, Dpad, Nk_pad) */
+  float* q_descale;
+  float* k_descale;
+  float* v_descale; /* (batch, kv_heads, Dpad) */
+  void* workspace;  /* fa_fp8_workspace_bytes(problem, FA_FP8_QUANTIZE) bytes */
+  void* stream;
+} fa_fp8_quantize_args;
+
+/* The attention on e4m3 tensors with their descales. */
+typedef struct fa_fp8_forward_args {
+  uint32_t size; /* the caller's sizeof(fa_fp8_forward_args) */
+  const fa_problem* problem;
+  int32_t out_dtype; /* fa_dtype of o */
+  int32_t v_layout;  /* fa_fp8_v_layout */
+  int64_t qk_dim;    /* codes per row of q and k: dim (0 says the same) or Dpad */
+  const void* q;
+  const void* k;
+  const void* v;
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  void* o;         /* (batch, q_heads, q_seq, dim) */
+  float* lse;      /* optional (NULL: not written) */
+  void* workspace; /* fa_fp8_workspace_bytes(problem, FA_FP8_FORWARD) bytes; NULL is enough when
+                      qk_dim is Dpad and v is FA_FP8_V_TRANSPOSED (nothing to rearrange) */
+  void* stream;
+} fa_fp8_forward_args;
+
+#define FA_FP8_QUANTIZE_ARGS_SIZE_V3 112u
+#define FA_FP8_FORWARD_ARGS_SIZE_V3 112u
+
+static inline void fa_init_fp8_quantize_args(fa_fp8_quantize_args* args) {
+  memset(args, 0, sizeof(*args));
+  args->size = (uint32_t)sizeof(*args);
+}
+static inline void fa_init_fp8_forward_args(fa_fp8_forward_args* args) {
+  memset(args, 0, sizeof(*args));
+  args->size = (uint32_t)sizeof(*args);
+}
+
+/* Bytes of workspace `call` (an fa_fp8_call) needs for this problem, or -1 when it does not take
+ * the problem (fa_last_error says why). Needs no GPU. */
+FA_CAPI_EXPORT int64_t fa_fp8_workspace_bytes(const fa_problem* problem, int call);
+
+/* Quantizes, as fa_fp8_quantize_args says. Returns an fa_status. */
+FA_CAPI_EXPORT int fa_fp8_quantize(const fa_fp8_quantize_args* args);
+
+/* O (and the LSE when args->lse is set) from e4m3 inputs. Returns an fa_status. */
+FA_CAPI_EXPORT int fa_fp8_forward(const fa_fp8_forward_args* args);
+
+/* Both in one call: 16-bit Q, K, V (`dtype`, an fa_dtype) in, O of that type out (the LSE when
+ * args->lse is set), Q and K rotated when `rotate`; args->workspace holds
+ * fa_fp8_workspace_bytes(problem, FA_FP8_ATTENTION) bytes. Returns an fa_status. */
+FA_CAPI_EXPORT int fa_fp8_attention(const fa_forward_args* args, int dtype, int rotate);
 
 #ifdef __cplusplus
 }

@@ -135,11 +135,13 @@ struct Newer {
 
 }  // namespace
 
-TEST_CASE("capi: the ABI version is 2 and the layouts are the header's") {
-  CHECK(fa_abi_version() == 2);
+TEST_CASE("capi: the ABI version is 3 and the layouts are the header's") {
+  CHECK(fa_abi_version() == 3);
   CHECK(sizeof(fa_problem) == FA_PROBLEM_SIZE_V2);
   CHECK(sizeof(fa_forward_args) == FA_FORWARD_ARGS_SIZE_V2);
   CHECK(sizeof(fa_backward_args) == FA_BACKWARD_ARGS_SIZE_V2);
+  CHECK(sizeof(fa_fp8_quantize_args) == FA_FP8_QUANTIZE_ARGS_SIZE_V3);
+  CHECK(sizeof(fa_fp8_forward_args) == FA_FP8_FORWARD_ARGS_SIZE_V3);
   fa_backward_args args;
   std::memset(&args, 0xff, sizeof(args));
   fa_init_backward_args(&args);

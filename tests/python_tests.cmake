@@ -51,8 +51,11 @@ elseif(TARGET fa_capi AND TARGET 01_cpu)
       set(FA_TORCH_PYTHON "${Python3_EXECUTABLE}")  # the tests say what is missing and skip
     endif()
   endif()
-  foreach(mode IN ITEMS cpu gpu)
+  foreach(mode IN ITEMS cpu gpu fp8)
     set(name "python: fa_course.ops (PyTorch custom op) on the ${mode} stages")
+    if(mode STREQUAL "fp8")
+      set(name "python: fa_course.fp8 (FP8 forward, stage 14; its GPU tests need an H100 or H200)")
+    endif()
     add_test(NAME "${name}" COMMAND ${FA_TORCH_PYTHON} ${PROJECT_SOURCE_DIR}/tests/torch/run.py ${mode})
     set_tests_properties("${name}" PROPERTIES
       ENVIRONMENT "FA_CAPI_LIB=$<TARGET_FILE:fa_capi>;PYTHONDONTWRITEBYTECODE=1"

@@ -50,6 +50,17 @@ FA_PASS_FORWARD = 0
 FA_PASS_BACKWARD = 1
 PASS_CODES = {"fwd": FA_PASS_FORWARD, "bwd": FA_PASS_BACKWARD}
 
+# FP8 (ABI version 3): enum fa_dtype, fa_fp8_v_layout, fa_fp8_call
+FA_DTYPE_FP16 = 1
+FA_DTYPE_BF16 = 2
+DTYPE_CODES = {"fp16": FA_DTYPE_FP16, "bf16": FA_DTYPE_BF16}
+FA_FP8_V_ROWS = 0
+FA_FP8_V_TRANSPOSED = 1
+FA_FP8_QUANTIZE = 0
+FA_FP8_FORWARD = 1
+FA_FP8_ATTENTION = 2
+FP8_CALLS = {"quantize": FA_FP8_QUANTIZE, "forward": FA_FP8_FORWARD, "attention": FA_FP8_ATTENTION}
+
 FA_FEATURE_CAUSAL = 1 << 0
 FA_FEATURE_GROUPED = 1 << 1
 FA_FEATURE_RECTANGULAR = 1 << 2
@@ -117,11 +128,52 @@ class FaBackwardArgs(ctypes.Structure):
     ]
 
 
+class FaFp8QuantizeArgs(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("problem", ctypes.POINTER(FaProblem)),
+        ("dtype", ctypes.c_int32),
+        ("rotate", ctypes.c_int32),
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("q_fp8", ctypes.c_void_p),
+        ("k_fp8", ctypes.c_void_p),
+        ("v_fp8", ctypes.c_void_p),
+        ("q_descale", ctypes.c_void_p),
+        ("k_descale", ctypes.c_void_p),
+        ("v_descale", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+class FaFp8ForwardArgs(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("problem", ctypes.POINTER(FaProblem)),
+        ("out_dtype", ctypes.c_int32),
+        ("v_layout", ctypes.c_int32),
+        ("qk_dim", ctypes.c_int64),
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("q_descale", ctypes.c_void_p),
+        ("k_descale", ctypes.c_void_p),
+        ("v_descale", ctypes.c_void_p),
+        ("o", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
 _FORWARD_ARGS_SIZE = ctypes.sizeof(FaForwardArgs)
 _BACKWARD_ARGS_SIZE = ctypes.sizeof(FaBackwardArgs)
 
 # name in fa_capi.h -> ctypes Structure (what the layout test compares)
-STRUCTS = {"fa_problem": FaProblem, "fa_forward_args": FaForwardArgs, "fa_backward_args": FaBackwardArgs}
+STRUCTS = {"fa_problem": FaProblem, "fa_forward_args": FaForwardArgs, "fa_backward_args": FaBackwardArgs,
+           "fa_fp8_quantize_args": FaFp8QuantizeArgs, "fa_fp8_forward_args": FaFp8ForwardArgs}
 
 _i64, _int, _dbl, _str, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_double, ctypes.c_char_p, ctypes.c_void_p
 # function -> (restype, argtypes); version 1 first, then version 2 (optional in an older library)
@@ -148,7 +200,13 @@ PROTOTYPES_V2 = {
     "fa_stage_kv_passes": (_dbl, [_str]),
     "fa_abi_version": (_int, []),
 }
-PROTOTYPES = {**PROTOTYPES_V1, **PROTOTYPES_V2}
+PROTOTYPES_V3 = {
+    "fa_fp8_workspace_bytes": (_i64, [ctypes.POINTER(FaProblem), _int]),
+    "fa_fp8_quantize": (_int, [ctypes.POINTER(FaFp8QuantizeArgs)]),
+    "fa_fp8_forward": (_int, [ctypes.POINTER(FaFp8ForwardArgs)]),
+    "fa_fp8_attention": (_int, [ctypes.POINTER(FaForwardArgs), _int, _int]),
+}
+PROTOTYPES = {**PROTOTYPES_V1, **PROTOTYPES_V2, **PROTOTYPES_V3}
 
 
 # ---- errors --------------------------------------------------------------------------------------
@@ -343,6 +401,10 @@ class Library:
         if self.abi_version >= 2 and v2_missing:
             raise LibraryNotFoundError(f"{self.path} reports ABI version {self.abi_version} but lacks "
                                        f"{', '.join(v2_missing)}")
+        v3_missing = [n for n in missing if n in PROTOTYPES_V3]
+        if self.abi_version >= 3 and v3_missing:
+            raise LibraryNotFoundError(f"{self.path} reports ABI version {self.abi_version} but lacks "
+                                       f"{', '.join(v3_missing)}")
         self._stages: Optional[List[Stage]] = None
         self._backward_lock = threading.Lock()
         self._deterministic: Optional[bool] = None  # what FA_DETERMINISTIC was last set to
@@ -520,6 +582,65 @@ class Library:
             status = self._lib.fa_backward_v2(stage_id, args)
         if status != FA_OK:
             raise FaError(status, self.last_error(), stage_id.decode(), "fa_backward")
+
+    # ---- FP8 (ABI version 3): stage 14's forward pass, fa_fp8_* -----------------------------------
+    # Addresses and the stream as the calls above take them; fa_course.fp8 checks PyTorch tensors
+    # and allocates them. Each raises FaError with the library's message.
+
+    def _require_fp8(self, call: str) -> None:
+        if self.abi_version < 3:
+            raise FaError(FA_UNSUPPORTED, f"{self.path} has C ABI version {self.abi_version}, without the FP8 calls "
+                                          f"(version 3): rebuild it", "14_fp8", call)
+
+    def fp8_workspace_bytes(self, problem, call: str) -> int:
+        """Bytes of workspace fa_fp8_<call> ('quantize', 'forward' or 'attention') needs."""
+        self._require_fp8("fa_fp8_workspace_bytes")
+        c_problem = FaProblem.of(Problem.of(problem))
+        value = self._lib.fa_fp8_workspace_bytes(ctypes.byref(c_problem), FP8_CALLS[call])
+        if value < 0:
+            raise FaError(FA_INVALID_SHAPE, self.last_error() or "refused", "14_fp8", "fa_fp8_workspace_bytes")
+        return int(value)
+
+    def fp8_quantize(self, problem, dtype: str, rotate: bool, q, k, v, q_fp8, k_fp8, v_fp8, q_descale, k_descale,
+                     v_descale, workspace, stream=None) -> None:
+        """fa_fp8_quantize: 16-bit (`dtype` 'fp16' or 'bf16') Q, K, V to e4m3 and descales."""
+        self._require_fp8("fa_fp8_quantize")
+        c_problem = FaProblem.of(Problem.of(problem))
+        names = ("q", "k", "v", "q_fp8", "k_fp8", "v_fp8", "q_descale", "k_descale", "v_descale", "workspace")
+        values = (q, k, v, q_fp8, k_fp8, v_fp8, q_descale, k_descale, v_descale, workspace)
+        args = FaFp8QuantizeArgs(ctypes.sizeof(FaFp8QuantizeArgs), ctypes.pointer(c_problem), DTYPE_CODES[dtype],
+                                 int(bool(rotate)), *(_address(value, name) for name, value in zip(names, values)),
+                                 _stream_handle(stream))
+        status = self._lib.fa_fp8_quantize(args)
+        if status != FA_OK:
+            raise FaError(status, self.last_error(), "14_fp8", "fa_fp8_quantize")
+
+    def fp8_forward(self, problem, out_dtype: str, v_layout: int, qk_dim: int, q, k, v, q_descale, k_descale,
+                    v_descale, o, lse=None, workspace=None, stream=None) -> None:
+        """fa_fp8_forward: O (and the LSE) from e4m3 Q, K, V and their descales (fa_capi.h's shapes)."""
+        self._require_fp8("fa_fp8_forward")
+        c_problem = FaProblem.of(Problem.of(problem))
+        names = ("q", "k", "v", "q_descale", "k_descale", "v_descale", "o", "lse", "workspace")
+        values = (q, k, v, q_descale, k_descale, v_descale, o, lse, workspace)
+        args = FaFp8ForwardArgs(ctypes.sizeof(FaFp8ForwardArgs), ctypes.pointer(c_problem), DTYPE_CODES[out_dtype],
+                                int(v_layout), int(qk_dim),
+                                *(_address(value, name) for name, value in zip(names, values)),
+                                _stream_handle(stream))
+        status = self._lib.fa_fp8_forward(args)
+        if status != FA_OK:
+            raise FaError(status, self.last_error(), "14_fp8", "fa_fp8_forward")
+
+    def fp8_attention(self, problem, dtype: str, rotate: bool, q, k, v, o, lse=None, workspace=None,
+                      stream=None) -> None:
+        """fa_fp8_attention: 16-bit Q, K, V in, O of that type out, quantized inside."""
+        self._require_fp8("fa_fp8_attention")
+        c_problem = FaProblem.of(Problem.of(problem))
+        pointers = [_address(value, name) for name, value in
+                    (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse), ("workspace", workspace))]
+        args = FaForwardArgs(_FORWARD_ARGS_SIZE, ctypes.pointer(c_problem), *pointers, _stream_handle(stream))
+        status = self._lib.fa_fp8_attention(args, DTYPE_CODES[dtype], int(bool(rotate)))
+        if status != FA_OK:
+            raise FaError(status, self.last_error(), "14_fp8", "fa_fp8_attention")
 
 
 # ---- module-level conveniences over one shared library -----------------------------------------

@@ -75,35 +75,37 @@ DTYPES = {
 # ---- the checks, written once (the fake tensors of torch.compile have all they read) -------------
 
 
-def check_inputs(q, k, v, causal: bool = False) -> Problem:
+def check_inputs(q, k, v, causal: bool = False, *, who: str = "fa_course.attention", dtypes=None) -> Problem:
     """The problem of q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D); TypeError or ValueError, saying
-    what is wrong, unless they are tensors that fa_course.attention takes."""
+    what is wrong, unless they are tensors that `who` takes: of one of `dtypes`' (device type,
+    dtype) pairs (DTYPES when None; fa_course.fp8 passes its own)."""
+    dtypes = DTYPES if dtypes is None else dtypes
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"fa_course.attention: {name} must be a torch.Tensor, not {type(tensor).__name__}")
+            raise TypeError(f"{who}: {name} must be a torch.Tensor, not {type(tensor).__name__}")
         if tensor.dim() != 4:
-            raise ValueError(f"fa_course.attention: {name} must be 4-D (batch, heads, seq, dim), not "
+            raise ValueError(f"{who}: {name} must be 4-D (batch, heads, seq, dim), not "
                              f"{tuple(tensor.shape)}")
     if not (q.device == k.device == v.device):
-        raise ValueError(f"fa_course.attention: q, k and v must be on one device, not {q.device}, {k.device} and "
+        raise ValueError(f"{who}: q, k and v must be on one device, not {q.device}, {k.device} and "
                          f"{v.device}")
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"fa_course.attention: q, k and v must have one dtype, not {q.dtype}, {k.dtype} and {v.dtype}")
-    if (q.device.type, q.dtype) not in DTYPES:
-        takes = ", ".join(f"{dtype} on {device.upper()}" for device, dtype in DTYPES)
-        raise TypeError(f"fa_course.attention takes {takes}; the tensors are {q.dtype} on {q.device}")
+        raise TypeError(f"{who}: q, k and v must have one dtype, not {q.dtype}, {k.dtype} and {v.dtype}")
+    if (q.device.type, q.dtype) not in dtypes:
+        takes = ", ".join(f"{dtype} on {device.upper()}" for device, dtype in dtypes)
+        raise TypeError(f"{who} takes {takes}; the tensors are {q.dtype} on {q.device}")
     if k.shape != v.shape:
-        raise ValueError(f"fa_course.attention: k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
+        raise ValueError(f"{who}: k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"fa_course.attention: q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim")
+        raise ValueError(f"{who}: q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim")
     if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
-        raise ValueError(f"fa_course.attention: q's {q.shape[1]} heads are not a multiple of k's {k.shape[1]} "
+        raise ValueError(f"{who}: q's {q.shape[1]} heads are not a multiple of k's {k.shape[1]} "
                          f"(grouped-query attention needs Hq = G * Hkv)")
     if q.numel() == 0 or k.numel() == 0:
-        raise ValueError(f"fa_course.attention: empty tensors: q {tuple(q.shape)}, k {tuple(k.shape)}")
+        raise ValueError(f"{who}: empty tensors: q {tuple(q.shape)}, k {tuple(k.shape)}")
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if not tensor.is_contiguous():
-            raise ValueError(f"fa_course.attention: {name} is not contiguous (stride {tuple(tensor.stride())}); the "
+            raise ValueError(f"{who}: {name} is not contiguous (stride {tuple(tensor.stride())}); the "
                              f"layout is (batch, heads, seq, dim) with dim fastest: call .contiguous()")
     batch, q_heads, q_seq, dim = (int(x) for x in q.shape)
     return Problem(batch, q_heads, int(k.shape[1]), q_seq, int(k.shape[2]), dim, bool(causal))

@@ -57,6 +57,44 @@ struct QuantizedInputs {
   const float* v_descale = nullptr;
 };
 
+// Where quantize_into writes: the tensors and descales in the layouts above, each in a buffer of
+// its own (a caller's, e.g. the C ABI's fa_fp8_quantize), and V's per-channel amax in `v_amax`, a
+// scratch of quantize_scratch_bytes (it cannot share the descales: every key tile reads a channel's
+// amax while the first writes its descale).
+struct QuantizedOutputs {
+  uint8_t* q = nullptr;
+  uint8_t* k = nullptr;
+  uint8_t* v_transposed = nullptr;
+  float* q_descale = nullptr;
+  float* k_descale = nullptr;
+  float* v_descale = nullptr;
+  void* v_amax = nullptr;
+};
+int64_t quantize_scratch_bytes(const Problem& problem);
+Status quantize_into(const Problem& problem, Precision precision, const void* q, const void* k, const void* v,
+                     bool rotate, const QuantizedOutputs& out, cudaStream_t stream);
+
+// e4m3 tensors quantized by the caller (the C ABI's fa_fp8_forward), in row layouts. Q and K hold
+// rows of `qk_dim` codes: D, or Dpad (what quantize_into writes, and the only choice for rotated
+// rows, whose padding is not zero). V is either (B·Hkv, Nk, D) rows with descales (B·Hkv, D), which
+// arrange_e4m3 transposes into the kernel's Vᵀ, or already Vᵀ with descales (B·Hkv, Dpad)
+// (`v_transposed`, as quantize_into writes it). The Q and K descales are always the layouts above.
+struct E4m3Rows {
+  const uint8_t* q = nullptr;
+  const uint8_t* k = nullptr;
+  int64_t qk_dim = 0;
+  const uint8_t* v = nullptr;
+  bool v_transposed = false;
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+};
+// The kernel's inputs from `rows`: Q and K padded to Dpad (when qk_dim is D < Dpad) and V transposed
+// (when in rows) into `workspace` (quantized_layout(problem).bytes, 256-byte aligned; unused, and
+// may be null, when nothing needs either); the rest passed as they are. Launches on `stream`.
+Status arrange_e4m3(const Problem& problem, const E4m3Rows& rows, void* workspace, QuantizedInputs* out,
+                    cudaStream_t stream);
+
 // Quantizes FP16 or BF16 (`precision`) Q, K, V into `workspace` (quantized_layout(problem).bytes,
 // 256-byte aligned), the rotation of Q and K when `rotate`; fills `out` with the pointers. Launches
 // on `stream`, asynchronous.

@@ -107,13 +107,14 @@ class Structs(unittest.TestCase):
 
 
 class DocumentedLayout(unittest.TestCase):
-    """The sizes the header defines (FA_*_SIZE_V2) and the offsets its comment lists, against ctypes."""
+    """The sizes the header defines (FA_*_SIZE_V2, FA_*_SIZE_V3) and the offsets its comment lists, against ctypes."""
 
     def test_size_macros(self):
         with open(_support.HEADER) as handle:
             text = handle.read()
-        sizes = dict(re.findall(r"#define\s+FA_(\w+)_SIZE_V2\s+(\d+)u?", text))
-        self.assertEqual(set(sizes), {"PROBLEM", "FORWARD_ARGS", "BACKWARD_ARGS"})
+        sizes = dict(re.findall(r"#define\s+FA_(\w+)_SIZE_V\d+\s+(\d+)u?", text))
+        self.assertEqual(set(sizes),
+                         {"PROBLEM", "FORWARD_ARGS", "BACKWARD_ARGS", "FP8_QUANTIZE_ARGS", "FP8_FORWARD_ARGS"})
         for macro, value in sizes.items():
             self.assertEqual(ctypes.sizeof(capi.STRUCTS["fa_" + macro.lower()]), int(value), macro)
 
@@ -134,7 +135,7 @@ class DocumentedLayout(unittest.TestCase):
 class Enums(unittest.TestCase):
     def test_values(self):
         enums = header_enums(header_text())
-        for enum in ("fa_status", "fa_feature", "fa_pass"):
+        for enum in ("fa_status", "fa_feature", "fa_pass", "fa_dtype", "fa_fp8_v_layout", "fa_fp8_call"):
             self.assertIn(enum, enums)
             for constant, value in enums[enum].items():
                 with self.subTest(constant=constant):

@@ -12,7 +12,8 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 
 def unavailable_reason(mode: str) -> str:
     """'' when the `mode` half (cpu: the CPU stages in float32; gpu: the GPU stages in FP16 and
-    BF16) can run here, else why not."""
+    BF16; fp8: fa_course.fp8, whose GPU tests skip by themselves without an H100) can run here, else
+    why not."""
     try:
         import torch
     except ImportError as error:
@@ -25,6 +26,8 @@ def unavailable_reason(mode: str) -> str:
         library = capi.Library()
     except capi.LibraryNotFoundError as error:
         return f"no built library: {error}"
+    if mode == "fp8":
+        return "" if library.abi_version >= 3 else f"{library.path} has no FP8 calls (C ABI version 3)"
     wanted = {"cpu": [("cpu", "fp32")], "gpu": [("cuda", "fp16"), ("cuda", "bf16")]}[mode]
     for backend, precision in wanted:
         if not any(s.backend == backend and s.precision == precision and s.supports("backward")

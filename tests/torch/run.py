@@ -3,6 +3,8 @@
 
   python3 tests/torch/run.py cpu [pytest arguments]   TestCpuOp: the CPU stages, PyTorch alone
   python3 tests/torch/run.py gpu [pytest arguments]   TestGpuOp: the GPU stages, a CUDA GPU (sm_80+)
+  python3 tests/torch/run.py fp8 [pytest arguments]   test_fp8.py: fa_course.fp8's checks, and stage 14
+                                                      on an H100 or H200
 
 Exit status: pytest's, except 77 (ctest's "skipped") when the half cannot run here or any of its
 tests skipped, with the reason printed; with FA_REQUIRE_GPU=1 (the GPU suite) that is a failure
@@ -17,7 +19,8 @@ sys.path.insert(0, HERE)
 import availability  # noqa: E402  (also puts the fa_course package on sys.path)
 
 SKIP_EXIT_CODE = 77
-CLASSES = {"cpu": "TestCpuOp", "gpu": "TestGpuOp"}
+# mode -> the tests it runs
+TARGETS = {"cpu": "test_op.py::TestCpuOp", "gpu": "test_op.py::TestGpuOp", "fp8": "test_fp8.py"}
 
 
 class Skips:
@@ -41,8 +44,8 @@ def not_run(reason: str) -> int:
 
 
 def main(argv):
-    if not argv or argv[0] not in CLASSES:
-        print(f"usage: {os.path.basename(__file__)} {{{'|'.join(CLASSES)}}} [pytest arguments]", file=sys.stderr)
+    if not argv or argv[0] not in TARGETS:
+        print(f"usage: {os.path.basename(__file__)} {{{'|'.join(TARGETS)}}} [pytest arguments]", file=sys.stderr)
         return 2
     reason = availability.unavailable_reason(argv[0])
     if reason:
@@ -52,7 +55,7 @@ def main(argv):
     except ImportError as error:
         return not_run(f"pytest is not installed in {sys.executable} ({error})")
     skips = Skips()
-    target = f"{os.path.join(HERE, 'test_op.py')}::{CLASSES[argv[0]]}"
+    target = os.path.join(HERE, TARGETS[argv[0]])
     status = pytest.main([target, "-p", "no:cacheprovider", "-rs", *argv[1:]], plugins=[skips])
     if status == 0 and skips.skipped:
         return not_run(f"{len(skips.skipped)} tests skipped:\n  " + "\n  ".join(skips.skipped))
