@@ -78,8 +78,9 @@ int main(int argc, char** argv) {
   app.add_flag("--causal", problem.causal, "bottom-right causal mask");
   app.add_option("--seed", seed, "input seed");
   std::string csv_path;
-  app.add_option("--csv", csv_path, "also write the table to this CSV file (one row per model, the problem in "
-                                    "every row; errors with 7 significant digits)");
+  app.add_option("--csv", csv_path,
+                 "also write the table to this CSV file (one row per model, the problem in "
+                 "every row; errors with 7 significant digits)");
   CLI11_PARSE(app, argc, argv);
   problem.kv_heads = problem.q_heads;
   problem.kv_seq = problem.q_seq;
@@ -118,7 +119,11 @@ int main(int argc, char** argv) {
       fields = {row.name, "-", "-", "-", "FP16", "FP32 P"};
     } else {
       const Fp8Options& o = row.options;
-      fields = {row.name, qk_name(o.qk), o.rotate ? "yes" : "no", v_name(o.v), "e4m3·2^" + std::to_string(o.p_shift),
+      fields = {row.name,
+                qk_name(o.qk),
+                o.rotate ? "yes" : "no",
+                v_name(o.v),
+                "e4m3·2^" + std::to_string(o.p_shift),
                 o.l_from_quantized_p ? "e4m3 P" : "FP32 P"};
     }
     std::printf("|");
