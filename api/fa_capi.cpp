@@ -448,20 +448,10 @@ int64_t guarded_workspace_bytes(const char* call, const char* stage_id, const fa
   }
 }
 
-int guarded_forward(const char* call, const char* stage_id, const fa_forward_args* args) noexcept {
-  last_error.clear();
-  try {
-    return forward_v2(call, stage_id, args);
-  } catch (...) {
-    return status_of_current_exception();
-  }
-}
-
-// ---- FP8: stage 14 -------------------------------------------------------------------------------
-
-// An fa_fp8_* call: `body` returns its fa_status, and nothing it throws crosses the C boundary.
+// A call that returns an fa_status: `body` runs with the last error cleared, and nothing it throws
+// crosses the C boundary (the exception becomes the status and the message).
 template <typename Body>
-int guarded_fp8(Body&& body) noexcept {
+int guarded(Body&& body) noexcept {
   last_error.clear();
   try {
     return body();
@@ -469,6 +459,12 @@ int guarded_fp8(Body&& body) noexcept {
     return status_of_current_exception();
   }
 }
+
+int guarded_forward(const char* call, const char* stage_id, const fa_forward_args* args) noexcept {
+  return guarded([&] { return forward_v2(call, stage_id, args); });
+}
+
+// ---- FP8: stage 14 -------------------------------------------------------------------------------
 
 #if FA_CAPI_FP8
 
@@ -691,12 +687,7 @@ int fa_forward_v2(const char* stage_id, const fa_forward_args* args) {
 }
 
 int fa_backward_v2(const char* stage_id, const fa_backward_args* args) {
-  last_error.clear();
-  try {
-    return backward_v2("fa_backward_v2", stage_id, args);
-  } catch (...) {
-    return status_of_current_exception();
-  }
+  return guarded([&] { return backward_v2("fa_backward_v2", stage_id, args); });
 }
 
 int64_t fa_workspace_bytes(const char* stage_id, int64_t batch, int64_t heads, int64_t seq, int64_t dim, int causal) {
@@ -722,34 +713,34 @@ int fa_forward(const char* stage_id, int64_t batch, int64_t heads, int64_t seq, 
 #if FA_CAPI_FP8
 int64_t fa_fp8_workspace_bytes(const fa_problem* problem, int call) {
   int64_t bytes = -1;
-  guarded_fp8([&] {
+  guarded([&] {
     bytes = fp8_workspace_bytes(problem, call);
     return FA_OK;
   });
   return bytes;
 }
 int fa_fp8_quantize(const fa_fp8_quantize_args* args) {
-  return guarded_fp8([&] { return fp8_quantize(args); });
+  return guarded([&] { return fp8_quantize(args); });
 }
 int fa_fp8_forward(const fa_fp8_forward_args* args) {
-  return guarded_fp8([&] { return fp8_forward(args); });
+  return guarded([&] { return fp8_forward(args); });
 }
 int fa_fp8_attention(const fa_forward_args* args, int dtype, int rotate) {
-  return guarded_fp8([&] { return fp8_attention(args, dtype, rotate); });
+  return guarded([&] { return fp8_attention(args, dtype, rotate); });
 }
 #else
 int64_t fa_fp8_workspace_bytes(const fa_problem*, int) {
-  guarded_fp8([] { return fp8_missing("fa_fp8_workspace_bytes"); });
+  guarded([] { return fp8_missing("fa_fp8_workspace_bytes"); });
   return -1;
 }
 int fa_fp8_quantize(const fa_fp8_quantize_args*) {
-  return guarded_fp8([] { return fp8_missing("fa_fp8_quantize"); });
+  return guarded([] { return fp8_missing("fa_fp8_quantize"); });
 }
 int fa_fp8_forward(const fa_fp8_forward_args*) {
-  return guarded_fp8([] { return fp8_missing("fa_fp8_forward"); });
+  return guarded([] { return fp8_missing("fa_fp8_forward"); });
 }
 int fa_fp8_attention(const fa_forward_args*, int, int) {
-  return guarded_fp8([] { return fp8_missing("fa_fp8_attention"); });
+  return guarded([] { return fp8_missing("fa_fp8_attention"); });
 }
 #endif
 
