@@ -6,7 +6,10 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
+#include <vector>
 
+#include "fa/inputs.hpp"
 #include "fa/metrics.hpp"
 #include "fa/stage.hpp"
 
@@ -18,19 +21,41 @@ constexpr double kE4m3Unit = 1.0 / 16;  // e4m3's unit roundoff u: 3 mantissa bi
 // rounding far less; the rotation and block scales keep Q·K's error to about u of the typical score.
 // So 2u·max|V| for any element of O against the reference on the unquantized inputs...
 inline double reference_tolerance(double max_abs_v) { return 2 * kE4m3Unit * max_abs_v; }
-// ... 2u for the L2 norm of the error relative to O's (not u/2, as first written: on the tests'
-// uniform inputs V has mean zero, so O is a sum of terms that cancel while their rounding errors do
-// not, and the relative error stays near the e4m3 rounding error of each term; the CPU FP8 model
-// gives 0.029 to 0.042 on the tests' shapes and on N = 2048 and 4096, 0.065 at D = 1; u/2 = 0.031
-// failed all but one)...
+// ... 2u for the L2 norm of the error relative to that of P·|V| (the softmax weights applied to |V|),
+// not to O's: each term p_j·v_j of O carries its own rounding error, up to about 2u of |p_j·v_j|, so
+// the error's bound scales with Σ_j p_j·|v_j|, while O = Σ_j p_j·v_j cancels toward zero when V has
+// mean zero (the tests' uniform inputs). Relative to |O| the CPU FP8 model reads 0.029 to 0.042 on
+// the tests' shapes and on N = 2048 and 4096, and one element at D = 1, Nq = 1, Nk = 130 read 0.135
+// on an H200 (0.0012 absolute, a hundredth of its element tolerance): a bound on |O| cannot be
+// derived, one on P·|V| can.
 constexpr double kReferenceRelL2 = 2 * kE4m3Unit;
+
+// The inputs with V made |V|: the reference run on them gives P·|V|, the scale of O's error.
+inline Inputs with_absolute_values(Inputs inputs) {
+  for (float& value : inputs.v) value = std::fabs(value);
+  return inputs;
+}
+
+// ||out - reference|| / ||magnitude|| (magnitude: the reference on with_absolute_values).
+inline double error_relative_to(const std::vector<float>& out, const std::vector<double>& reference,
+                                const std::vector<double>& magnitude) {
+  double error_squares = 0.0;
+  double magnitude_squares = 0.0;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    const double error = static_cast<double>(out[i]) - reference[i];
+    error_squares += error * error;
+    magnitude_squares += magnitude[i] * magnitude[i];
+  }
+  return magnitude_squares > 0.0 ? std::sqrt(error_squares / magnitude_squares) : std::sqrt(error_squares);
+}
+
 // ... and u for the log-sum-exp (natural log units).
 constexpr double kLseTolerance = kE4m3Unit;
 
 // O against the reference as the tests judge it: every element within reference_tolerance, nothing
-// non-finite, and the relative L2 error within kReferenceRelL2.
-inline bool passes_reference(const ErrorReport& report) {
-  return report.passed() && report.rel_l2_err <= kReferenceRelL2;
+// non-finite, and the error's L2 norm relative to P·|V| (error_relative_to) within kReferenceRelL2.
+inline bool passes_reference(const ErrorReport& report, double error_relative_to_magnitude) {
+  return report.passed() && error_relative_to_magnitude <= kReferenceRelL2;
 }
 
 // The kernel against the CPU model with the kernel's own choices (fp8_numerics.hpp): they differ only
