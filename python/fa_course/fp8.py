@@ -1,5 +1,5 @@
 """FP8 (e4m3) attention, forward only: stage 14 through the C ABI (fa_fp8_*, api/fa_capi.h), on an
-H100 or H200 (sm_90) alone. Written, not yet run on a GPU.
+H100 or H200 (sm_90) alone.
 
     import torch, fa_course
     out = fa_course.fp8.attention(q, k, v, causal=True)        # 16-bit in and out, quantized inside
