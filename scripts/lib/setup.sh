@@ -27,13 +27,19 @@ ensure_build_packages() {
   [ $cli -eq 1 ] || missing+=(libcli11-dev)
   [ $catch -eq 1 ] || missing+=(catch2)
   command -v cmake >/dev/null || missing+=(cmake)
-  # ccache only speeds builds up (fa_cmake_launchers): installed along when root, never required
-  [ ${#missing[@]} -gt 0 ] && ! command -v ccache >/dev/null && missing+=(ccache)
-  if [ ${#missing[@]} -eq 0 ] && ! command -v ccache >/dev/null && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
-    missing+=(ccache)
+  # ccache only speeds builds up (fa_cmake_launchers): installed along when root, never required,
+  # so a machine without a network (a lent GPU with .deps/) goes on without it
+  local root_apt=0
+  [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null && root_apt=1
+  if [ ${#missing[@]} -eq 0 ]; then
+    if ! command -v ccache >/dev/null && [ $root_apt -eq 1 ] &&
+      ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ccache; } >/dev/null 2>&1; then
+      echo "ccache could not be installed (offline?): building without a compiler cache"
+    fi
+    return 0
   fi
-  [ ${#missing[@]} -eq 0 ] && return 0
-  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+  command -v ccache >/dev/null || missing+=(ccache)
+  if [ $root_apt -eq 1 ]; then
     echo "Installing ${missing[*]} from the distribution's packages"
     local log
     log=$(mktemp)
