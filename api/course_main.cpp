@@ -125,8 +125,8 @@ int main(int argc, char** argv) {
     std::cout << "\n";
 
     // Part one, the forward progression: each stage is the next step of the one before. Part two, each
-    // at the shape it exists for: the backward pass (11) at the same shape, and decoding (12) at a
-    // decoding shape beside stage 08 on the same step, which is what it improves on.
+    // at the shape it exists for: the backward passes (11, and 13 on Hopper) at the same shape, and
+    // decoding (12) at a decoding shape beside stage 08 on the same step, which is what it improves on.
     std::vector<fa::ResultRow> progression, beyond;
     int exit_code = fa::kExitOk;
     auto run = [&](const fa::StageDescriptor& stage, fa::RunOptions options, const char* note) {
