@@ -33,7 +33,9 @@ check_package_install "$preset"
 phase "Exercise mechanism: each stage's untouched student copy, in ${build_dir#"$repo_root"/}/exercise-check/"
 "$repo_root/scripts/check_exercises.sh" "$build_dir/exercise-check"
 
-phase "Notebooks: every notebook in notebooks/, headless"
-# The notebook kernel's warning that it talks to nbclient over local TCP is noise here.
-"$repo_root/.venv/bin/python" "$repo_root/scripts/run_notebooks.py" \
+phase "Notebooks: every notebook in notebooks/, headless (figures into ${build_dir#"$repo_root"/}/plots/)"
+# The figures go to the build folder: the committed ones in plots/ stay as they are (git status shows
+# a student's own work only). The notebook kernel's warning that it talks to nbclient over local TCP
+# is noise here.
+"$repo_root/.venv/bin/python" "$repo_root/scripts/run_notebooks.py" --plots "$build_dir/plots" \
   2> >(grep -v 'Kernel is running over TCP without encryption' >&2)

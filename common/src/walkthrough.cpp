@@ -152,17 +152,21 @@ void print_final_beside(std::ostream& out, const Exact& exact, const std::vector
   }
 }
 
-// The path of another program of this build folder (bin/<name> beside the running one), relative to
-// the current folder where it lies below it: what the student types on this machine (build/ or build-ci/).
-std::string sibling_program(const char* name) {
+// The command that runs another program of this build folder (bin/<name> beside the running one)
+// with `arguments`, its path relative to the current folder where it lies below it: what the student
+// types on this machine (build/ or build-ci/). Where this folder has no such program (a student's
+// build-exercise/ builds one stage), the course's own build folders, which scripts/course.sh makes.
+std::string sibling_command(const char* name, const char* arguments) {
+  const std::string in_course_build = std::string("build/bin/") + name + " " + arguments +
+                                      " (build-ci/bin/ on a machine without a GPU; scripts/course.sh builds it)";
   std::error_code error;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
-  if (error) return std::string("bin/") + name + " in the build folder";
+  if (error) return in_course_build;
   const std::filesystem::path program = self.parent_path() / name;
-  if (!std::filesystem::exists(program, error)) return std::string("bin/") + name + " in the build folder";
+  if (!std::filesystem::exists(program, error)) return in_course_build;
   const std::filesystem::path relative = std::filesystem::relative(program, std::filesystem::current_path(error));
-  if (error || relative.empty() || *relative.begin() == "..") return program.string();
-  return relative.string();
+  if (error || relative.empty() || *relative.begin() == "..") return program.string() + " " + arguments;
+  return relative.string() + " " + arguments;
 }
 
 // The backward's values span 30 orders of magnitude (P down to 1e-28): printed in the wider field.
@@ -444,8 +448,8 @@ Verdict walk(const StageDescriptor& stage, const Exact& exact, std::ostream& out
         << (device.present ? why : describe_missing_gpu(device))
         << "); they are what the stage must reproduce: run --walkthrough on a GPU to see its own beside them\n";
     if (stage.features.backward) {
-      out << "Stage 11's C++ backward runs without a GPU: " << sibling_program("fa_course")
-          << " --walkthrough shows its dQ, dK and dV beside the exact values\n";
+      out << "Stage 11's C++ backward runs without a GPU: " << sibling_command("fa_course", "--walkthrough")
+          << " shows its dQ, dK and dV beside the exact values\n";
     }
     return verdict;
   }
@@ -631,7 +635,7 @@ int run_walkthrough_all(const std::vector<StageDescriptor>& stages, std::ostream
                                               : ": ")
         << verdict.line << "\n";
   }
-  out << "\nOne stage in detail, tile by tile: " << sibling_program("04_online_softmax") << " --walkthrough\n";
+  out << "\nOne stage in detail, tile by tile: " << sibling_command("04_online_softmax", "--walkthrough") << "\n";
   return exit_code;
 }
 
