@@ -109,7 +109,15 @@ exercise_verdict() {
     echo "FAILED: $failures of stage $number's $total tests fail with your copy of $id (the first ones' messages"
     echo "are above; all of them in $where/Testing/Temporary/LastTest.log)."
     [ "$skipped" -gt 0 ] && echo "(and $skipped GPU tests did not run: $why)"
-    if [ "$id" = 11_backward ]; then
+    # Failures of the compiled-code checks alone (their names start "stageNN: PTX" or "...: SASS"):
+    # the copy may compute the right values, but not by the stage's idea.
+    local code_failures
+    code_failures=$(sed -n '/The following tests FAILED:/,$p' "$log" | grep -E '^\s+[0-9]+ - ' |
+      grep -v 'ran on a GPU, not only compiled' | grep -cE ' - stage[0-9]+: (PTX|SASS)' || true)
+    if [ "$failures" -gt 0 ] && [ "$code_failures" -eq "$failures" ]; then
+      echo "Where it goes wrong: the compiled code, not the values. Each failing check above names the instruction it"
+      echo "looks for and the file it searched ($where/ptx/$id/): your kernel does not yet use the stage's idea."
+    elif [ "$id" = 11_backward ]; then
       echo "Where it first goes wrong: $where/bin/fa_course --walkthrough (the C++ backward's dQ, dK and dV of the"
       echo "N=4 fixture beside the exact values, with D_i, P and dS to check by hand). The C++ backward's tests run"
       echo "without a GPU, so fix those first; then the GPU kernel's: $where/bin/$id --walkthrough on a GPU."
