@@ -45,9 +45,8 @@ const char* kDescription =
     "Stage 14: FP8 (e4m3) attention on Hopper (sm_90a: H100, H200). Quantizes FP16 or BF16 Q, K, V to e4m3 "
     "with block scales, runs the FP8 wgmma kernel, checks O against the double CPU reference with the FP8 "
     "tolerance of the stage's tests (2·2^-4·max|V| per element, the L2 error within 2^-3 of P·|V|'s), and times the "
-    "quantization "
-    "pass alone, the attention kernel alone on the quantized tensors, and both (the call a user makes): one "
-    "results row each (stages 14_fp8/quantize, 14_fp8/attention, 14_fp8).";
+    "quantization pass alone, the attention kernel alone on the quantized tensors, and both (the call a user "
+    "makes): one results row each (stages 14_fp8/quantize, 14_fp8/attention, 14_fp8).";
 
 const char* kFooter =
     "Stage 14's own options:\n"
