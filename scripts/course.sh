@@ -21,9 +21,10 @@ The table has two parts. The forward progression (01-10): on a GPU the GPU stage
 (B, H, N, D) = (4, 16, 2048, 128), a shape that fills the GPU, and the CPU stage at
 (1, 1, 2048, 128), marked as smaller; the speed-up is over the stage before. Then the stages that
 are not the next step of it, each at the shape it exists for: the backward passes (11, and 13 on an
-H100 or H200) at the same shape, and decoding (12) at Hq = 32, Hkv = 8, Nq = 4, Nk = 65536, D = 128, beside stage 08 on the
-same step (its speed-up is over stage 08). Without a GPU the CPU stages run and the GPU stages are
-listed as needing one. --walkthrough runs the N=4 fixture through every stage instead.
+H100 or H200) at the same shape, and decoding (12) at Hq = 32, Hkv = 8, Nq = 4, Nk = 65536,
+D = 128, beside stage 08 on the same step (its speed-up is over stage 08). Without a GPU the CPU
+stages run and the GPU stages are listed as needing one. --walkthrough runs the N=4 fixture through
+every stage instead.
 
 EOF
   local binary

@@ -28,9 +28,9 @@ first, the last, then the middle one) and --check-rows query rows per head (64 a
 drawn at random), fa_course.bench.torch_runner.compare_with_reference: the largest absolute error
 (max_abs_err) and the relative L2 error (rel_l2_err) over those rows. Stage 14 is judged by its own
 contract (stages/14_fp8/fp8_tolerance.hpp: every element within 2·2^-4·max|V|, its log-sum-exp
-within 2^-4; the L2 error within 2·2^-4 of O's here, where the tests and bin/14_fp8 take P·|V|'s, which
-is larger: on these shapes O's norm does not vanish), stage 10 by the library's FP16/BF16 tolerance; a peer's row
-notes an error above those but is never `error`.
+within 2^-4; the L2 error within 2·2^-4 of O's here, where the tests and bin/14_fp8 take P·|V|'s,
+which is larger: on these shapes O's norm does not vanish), stage 10 by the library's FP16/BF16
+tolerance; a peer's row notes an error above those but is never `error`.
 
 Times: CUDA events around each call with the GPU rested first and a spin kernel ahead of the call
 (fa_course.bench.torch_gpu.event_times_ms, through the torch runner's time_row: warm-up calls, then
