@@ -89,13 +89,16 @@ exercise_verdict() {
   else
     (cd "$build" && "${ctest[@]}") >"$log" 2>&1 || status=$?
   fi
-  local total skipped failures not_run
+  local total skipped failed failures code_failures not_run
   total=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#' "$log" || true)
   skipped=$(grep -c '\*\*\*Skipped' "$log" || true)
-  # The failed tests, less the guard that fails only because the copy could not run on a GPU here.
-  failures=$(sed -n '/The following tests FAILED:/,$p' "$log" | grep -E '^\s+[0-9]+ - ' |
-    grep -vc 'ran on a GPU, not only compiled' || true)
-  not_run=$(sed -n '/The following tests FAILED:/,$p' "$log" | grep -c 'ran on a GPU, not only compiled' || true)
+  # The failed tests, less the guard that fails only because the copy could not run on a GPU here;
+  # of them, the compiled-code checks (named "stageNN: PTX ..." or "stageNN: SASS ..."): a copy
+  # that fails those alone may compute the right values, but not by the stage's idea.
+  failed=$(sed -n '/The following tests FAILED:/,$p' "$log" | grep -E '^\s+[0-9]+ - ' || true)
+  failures=$(printf '%s' "$failed" | grep -vc 'ran on a GPU, not only compiled' || true)
+  code_failures=$(printf '%s' "$failed" | grep -cE ' - stage[0-9]+: (PTX|SASS)' || true)
+  not_run=$(printf '%s' "$failed" | grep -c 'ran on a GPU, not only compiled' || true)
   local where=${build#"$repo_root"/}
   local why="no CUDA GPU here"
   gpu_here && why="the GPU here cannot run this stage: see the skip messages above"
@@ -109,11 +112,6 @@ exercise_verdict() {
     echo "FAILED: $failures of stage $number's $total tests fail with your copy of $id (the first ones' messages"
     echo "are above; all of them in $where/Testing/Temporary/LastTest.log)."
     [ "$skipped" -gt 0 ] && echo "(and $skipped GPU tests did not run: $why)"
-    # Failures of the compiled-code checks alone (their names start "stageNN: PTX" or "...: SASS"):
-    # the copy may compute the right values, but not by the stage's idea.
-    local code_failures
-    code_failures=$(sed -n '/The following tests FAILED:/,$p' "$log" | grep -E '^\s+[0-9]+ - ' |
-      grep -v 'ran on a GPU, not only compiled' | grep -cE ' - stage[0-9]+: (PTX|SASS)' || true)
     if [ "$failures" -gt 0 ] && [ "$code_failures" -eq "$failures" ]; then
       echo "Where it goes wrong: the compiled code, not the values. Each failing check above names the instruction it"
       echo "looks for and the file it searched ($where/ptx/$id/): your kernel does not yet use the stage's idea."
