@@ -78,9 +78,10 @@ struct Tiling {
   // Two consumer warpgroups of 64 query rows (Br = 128: one Q scale block), one producer warpgroup.
   static constexpr int kConsumers = 2;
   static constexpr int kQueryRows = kConsumers * kMmaRows;
-  // Keys a tile: 128 (one K scale block, and a V_qᵀ row of one 128-byte atom), 64 at D = 256 where
+  // Keys a tile (kernel_tile_keys): 192, three K scale blocks, up to D = 128; 64 at D = 256, where
   // O takes 128 registers a thread.
-  static constexpr int kKeys = kDim <= 128 ? 128 : 64;
+  static constexpr int kKeys = static_cast<int>(kernel_tile_keys(kDim));
+  static constexpr int kKeySegments = kKeys / static_cast<int>(kKeyBlock);  // K scale blocks a tile
   static constexpr int kStages = 3;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
@@ -96,9 +97,12 @@ struct Tiling {
   static constexpr int kKeyPanelBytes = kKeys * kRowBytes;
   static constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
   static constexpr int kKeyTileBytes = kPanels * kKeyPanelBytes;
-  // V_qᵀ: kDim rows (channels) of kKeys bytes.
-  static constexpr int kValueRowBytes = kKeys;
-  static constexpr int kValueTileBytes = kDim * kKeys;
+  // V_qᵀ: kDim rows (channels) of kKeys bytes, in panels of 64 keys (rows of one 64-byte swizzle
+  // atom, a TMA box each).
+  static constexpr int kValueRowBytes = 64;
+  static constexpr int kValuePanels = kKeys / kValueRowBytes;
+  static constexpr int kValuePanelBytes = kDim * kValueRowBytes;
+  static constexpr int kValueTileBytes = kValuePanels * kValuePanelBytes;
   // O, 16-bit, staged for its TMA store in 64-column panels of 128-byte rows (the kit's epilogue).
   static constexpr int kOutPanelBytes = kQueryRows * kPanelRowBytes;
   static constexpr int kOutTileBytes = kDim / kPanelColumns * kOutPanelBytes;
@@ -109,8 +113,8 @@ struct Tiling {
   static constexpr int kRegistersAtLaunch = 65536 / kThreads / 8 * 8;
   static_assert(kDim == 64 || kDim == 128 || kDim == 256, "the head-dim buckets");
   static_assert(kTurnBarrier >= 1 + kConsumers && kTurnBarrier + kConsumers <= 16, "named barriers are 1 .. 15");
-  static_assert(kKeys % kE4m3Step == 0 && kKeys <= 128, "a V_qᵀ row is one swizzle atom of whole 32-key steps");
-  static_assert(kQueryRows == kQueryBlock && kKeyBlock % kKeys == 0, "a piece is one Q block, a tile inside a K block");
+  static_assert(kKeys % kValueRowBytes == 0 && kValueRowBytes % kE4m3Step == 0, "whole V_qᵀ panels of 32-key steps");
+  static_assert(kQueryRows == kQueryBlock && kKeys % kKeyBlock == 0, "a piece is one Q block, a tile whole K blocks");
   static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRegisters) <=
                     kThreads * kRegistersAtLaunch,
                 "setmaxnreg can only move registers the block was launched with");
@@ -118,23 +122,31 @@ struct Tiling {
 };
 
 // The online softmax step on one tile of S (the kit's accumulator_softmax.cuh, with the tile's own
-// scale and P's power of two): the row maxima over each row's four threads, the new running max m
-// (log2 units), the factor O and l are rescaled by, and p · 2^kProbabilityShift = exp2(t - m +
-// shift) in place of s, added into this thread's share of l (unless l is summed from the quantized
-// P, in pack_probabilities).
-template <int kTiles>
+// scales and P's power of two): each K block of the tile (kSegments of them, 64 keys: 8 accumulator
+// tiles each) has its own multiplier scale_log2[s] = descale_q · descale_k(block) · log2(e)/sqrt(D),
+// so the row maxima are taken per block and scaled (the multipliers are positive) before they meet
+// over the row's four threads; then the new running max m (log2 units), the factor O and l are
+// rescaled by, and p · 2^kProbabilityShift = exp2(t - m + shift) in place of s, added into this
+// thread's share of l (unless l is summed from the quantized P, in pack_probabilities).
+template <int kTiles, int kSegments>
 __device__ __forceinline__ void tile_softmax(float (&scores)[4 * kTiles], float (&row_max)[2], float (&row_sum)[2],
-                                             float (&rescale)[2], float scale_log2) {
+                                             float (&rescale)[2], const float (&scale_log2)[kSegments]) {
+  constexpr int kTilesPerSegment = kTiles / kSegments;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float tile_max = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < kTiles; ++j) {
-      tile_max = fmaxf(tile_max, fmaxf(scores[4 * j + 2 * half], scores[4 * j + 2 * half + 1]));
+    for (int segment = 0; segment < kSegments; ++segment) {
+      float segment_max = -INFINITY;
+#pragma unroll
+      for (int j = segment * kTilesPerSegment; j < (segment + 1) * kTilesPerSegment; ++j) {
+        segment_max = fmaxf(segment_max, fmaxf(scores[4 * j + 2 * half], scores[4 * j + 2 * half + 1]));
+      }
+      tile_max = fmaxf(tile_max, segment_max * scale_log2[segment]);
     }
     tile_max = fmaxf(tile_max, __shfl_xor_sync(kernel::kFullWarp, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(kernel::kFullWarp, tile_max, 2));
-    const float new_max = fmaxf(row_max[half], tile_max * scale_log2);
+    const float new_max = fmaxf(row_max[half], tile_max);
     rescale[half] = kernel::fast_exp2(row_max[half] - new_max);
     row_max[half] = new_max;
     row_sum[half] *= rescale[half];
@@ -142,7 +154,7 @@ __device__ __forceinline__ void tile_softmax(float (&scores)[4 * kTiles], float 
   const float offset[2] = {kProbabilityShift - row_max[0], kProbabilityShift - row_max[1]};
 #pragma unroll
   for (int i = 0; i < 4 * kTiles; ++i) {
-    scores[i] = kernel::fast_exp2(fmaf(scores[i], scale_log2, offset[i % 4 / 2]));
+    scores[i] = kernel::fast_exp2(fmaf(scores[i], scale_log2[i / 4 / kTilesPerSegment], offset[i % 4 / 2]));
     if (!kRowSumFromQuantizedP) row_sum[i % 4 / 2] += scores[i];
   }
 }
@@ -152,10 +164,9 @@ __device__ __forceinline__ void tile_softmax(float (&scores)[4 * kTiles], float 
 // The 8-bit A fragment's four registers are {top, keys 0-15 of the step}, {bottom, 0-15}, {top,
 // 16-31}, {bottom, 16-31}, four bytes each, at positions 4q .. 4q+3 of their 16: taking the tiles'
 // pairs in order (tile 2g: e = 0, 1; tile 2g+1: e = 0, 1) puts keys 2q, 2q+1, 8+2q, 9+2q there,
-// which is where the quantization pass stored those keys of V (quantize.hpp). `swapped` packs the
-// two 16-bit halves of each register the other way round (stage 10's next P, put right by a byte
-// permute). With kRowSumFromQuantizedP the row sums take the quantized values here.
-template <int kSteps, bool kSwapped>
+// which is where the quantization pass stored those keys of V (quantize.hpp). With
+// kRowSumFromQuantizedP the row sums take the quantized values here.
+template <int kSteps>
 __device__ __forceinline__ void pack_probabilities(const float (&p)[16 * kSteps], unsigned (&probs)[kSteps][4],
                                                    float (&row_sum)[2]) {
 #pragma unroll
@@ -163,8 +174,7 @@ __device__ __forceinline__ void pack_probabilities(const float (&p)[16 * kSteps]
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int first = 16 * c + 8 * (r / 2) + 2 * (r % 2);  // tile 4c + 2(r/2), the row r % 2
-      probs[c][r] = kSwapped ? pack_e4m3x4(p[first + 4], p[first + 5], p[first], p[first + 1])
-                             : pack_e4m3x4(p[first], p[first + 1], p[first + 4], p[first + 5]);
+      probs[c][r] = pack_e4m3x4(p[first], p[first + 1], p[first + 4], p[first + 5]);
       if (kRowSumFromQuantizedP) row_sum[r % 2] += e4m3x4_sum(probs[c][r]);
     }
   }
@@ -269,11 +279,14 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
             copy_box_to_shared(shared_address(key_slot(slot) + panel * T::kKeyPanelBytes), &key_map,
                                shared_address(&key_full[slot]), panel * T::kRowBytes, key_base, piece.kv_head);
           }
-          // V_qᵀ: one box of kDim channels x kKeys keys at (key_base, channel 0).
+          // V_qᵀ: a box of kDim channels x 64 keys per panel, at (key_base + 64 p, channel 0).
           if (pass > 0) barrier_wait(&value_free[slot], (pass - 1) & 1);
           barrier_arrive_expect_bytes(&value_full[slot], T::kValueTileBytes);
-          copy_box_to_shared(shared_address(value_slot(slot)), &value_map, shared_address(&value_full[slot]), key_base,
-                             0, piece.kv_head);
+          for (int panel = 0; panel < T::kValuePanels; ++panel) {
+            copy_box_to_shared(shared_address(value_slot(slot) + panel * T::kValuePanelBytes), &value_map,
+                               shared_address(&value_full[slot]), key_base + panel * T::kValueRowBytes, 0,
+                               piece.kv_head);
+          }
         }
       }
     }
@@ -297,7 +310,6 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     float row_sum[2];
     float scores[T::kKeys / 2];
     unsigned probs[kKeySteps][4];
-    unsigned next_probs[kKeySteps][4];
 
     // S = Q·Kᵀ of ring tile r: kDim / 32 wgmma m64nBck32, the first overwriting the accumulators.
     const auto issue_scores_of = [&](int r) {
@@ -318,14 +330,16 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       wgmma_commit();
     };
     // O += P·V of ring tile r: one wgmma m64nDk32 per 32 keys, P from registers, V_qᵀ K-major (a
-    // 32-key step is 32 bytes along its rows).
+    // 32-key step is 32 bytes along its rows, a new panel every 64 keys).
     const auto issue_values_of = [&](int r) {
       wait_slot_full<T::kStages>(value_full, r);
       const uint64_t value_descriptor = e4m3_descriptor<T::kValueRowBytes>(shared_address(value_slot(r % T::kStages)));
       wgmma_fence();
 #pragma unroll
       for (int c = 0; c < kKeySteps; ++c) {
-        wgmma_e4m3_registers<kDim>(out, probs[c], advance_descriptor(value_descriptor, c * kE4m3Step));
+        wgmma_e4m3_registers<kDim>(
+            out, probs[c],
+            advance_descriptor(value_descriptor, e4m3_step_offset<T::kValueRowBytes, T::kValuePanelBytes>(c)));
       }
       wgmma_commit();
     };
@@ -364,14 +378,21 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         if (key_base + T::kKeys > piece.unmasked_keys) {
           mask_scores<kScoreTiles>(scores, key_base, quad, key_limit);
         }
-        tile_softmax<kScoreTiles>(scores, row_max, row_sum, rescale,
-                                  query_scale * key_scales[key_base / static_cast<int>(kKeyBlock)]);
+        // A K block past the last key (the last tile's) has no descale: its scores are masked to
+        // -inf, so the last block's stands in.
+        float scale[T::kKeySegments];
+#pragma unroll
+        for (int s = 0; s < T::kKeySegments; ++s) {
+          scale[s] = query_scale * key_scales[min(key_base / static_cast<int>(kKeyBlock) + s, k_blocks - 1)];
+        }
+        tile_softmax<kScoreTiles, T::kKeySegments>(scores, row_max, row_sum, rescale, scale);
       };
 
       barrier_wait(query_full, round & 1);
 
       // Stage 10's rounds: S of tile t and P·V of tile t - 1 issued together, the wait for S alone,
-      // the softmax of tile t packed aside (next_probs) while P·V still reads `probs`.
+      // the softmax of tile t on S's registers while P·V still reads `probs`; P of tile t packed into
+      // `probs` after the wait for P·V (one P in registers: 24 of them at 192 keys).
       const int tiles = piece.tiles;
       float rescale[2];
       const auto issue_round = [&](int tile) {
@@ -385,18 +406,13 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         wgmma_wait<1>();
         fence_registers(scores);
         softmax(tile, rescale);
-        pack_probabilities<kKeySteps, true>(scores, next_probs, row_sum);
       };
       const auto complete_round = [&](int tile) {
         const int r = ring_tile + tile;
         wgmma_wait<0>();
         fence_registers(out);
         fence_registers(probs);
-#pragma unroll
-        for (int c = 0; c < kKeySteps; ++c) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) probs[c][i] = __byte_perm(next_probs[c][i], 0, 0x1032);
-        }
+        pack_probabilities<kKeySteps>(scores, probs, row_sum);
         release(&key_free[r % T::kStages]);
         release(&value_free[(r - 1) % T::kStages]);
       };
@@ -407,7 +423,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         wgmma_wait<0>();
         fence_registers(scores);
         softmax(0, rescale);
-        pack_probabilities<kKeySteps, false>(scores, probs, row_sum);
+        pack_probabilities<kKeySteps>(scores, probs, row_sum);
         release(&key_free[ring_tile % T::kStages]);
       }
       if (tiles > 1) {

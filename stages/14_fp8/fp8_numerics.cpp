@@ -198,18 +198,19 @@ struct RowSums {
   float rounded = 0.0f;  // l from the P that the PV product used
 };
 
-// One query row over its keys [0, key_end), tile by tile of kKeyBlock keys: stage 04's online
+// One query row over its keys [0, key_end), tile by tile of `tile` keys: stage 04's online
 // softmax in FP32. score(j) is t_j = S_j·scale·log2(e); round_p(p) the P that the PV product uses;
 // v_rows the rows of V as that product reads them (width values each). Leaves the unnormalized
 // O in o and returns both row sums.
 template <class Score, class RoundP>
-RowSums attend_row(int64_t key_end, int64_t width, Score score, RoundP round_p, const float* v_rows, float* o) {
+RowSums attend_row(int64_t key_end, int64_t tile, int64_t width, Score score, RoundP round_p, const float* v_rows,
+                   float* o) {
   std::fill_n(o, width, 0.0f);
   RowSums sums;
   float m = -INFINITY;
-  std::array<float, kKeyBlock> t{};
-  for (int64_t start = 0; start < key_end; start += kKeyBlock) {
-    const int64_t count = std::min(kKeyBlock, key_end - start);
+  std::vector<float> t(static_cast<size_t>(tile));
+  for (int64_t start = 0; start < key_end; start += tile) {
+    const int64_t count = std::min(tile, key_end - start);
     float m_new = m;
     for (int64_t j = 0; j < count; ++j) {
       t[j] = score(start + j);
@@ -243,6 +244,7 @@ std::vector<float> fp8_attention(const Inputs& inputs, const Fp8Options& options
   const Quantized v = quantize_v(inputs.v, p.kv_heads_total(), p.kv_seq, p.dim, options.v);
   const std::vector<float> qf = decoded(q), kf = decoded(k), vf = decoded(v);
   const int64_t width = q.dim_padded;
+  const int64_t tile = options.tile_keys > 0 ? options.tile_keys : kernel_tile_keys(width);
   const float scale_log2 = softmax_scale(p) * kLog2e;
   const float p_unit = std::ldexp(1.0f, options.p_shift);
   const auto round_p = [p_unit](float prob) { return decode_e4m3(encode_e4m3(prob * p_unit)); };
@@ -259,7 +261,7 @@ std::vector<float> fp8_attention(const Inputs& inputs, const Fp8Options& options
       const auto score = [&](int64_t j) {
         return dot(q_row, &kf[(kvh * p.kv_seq + j) * width], width) * (descale_q * k.descale(kvh, j, 0) * scale_log2);
       };
-      const RowSums sums = attend_row(key_end, width, score, round_p, &vf[kvh * p.kv_seq * width], o.data());
+      const RowSums sums = attend_row(key_end, tile, width, score, round_p, &vf[kvh * p.kv_seq * width], o.data());
       // The epilogue: V's descale (per channel or not), 1/l and the P shift, on the FP32 O.
       const float l = options.l_from_quantized_p ? sums.rounded : sums.fp32 * p_unit;
       float* row = &out[(qh * p.q_seq + i) * p.dim];
@@ -268,6 +270,9 @@ std::vector<float> fp8_attention(const Inputs& inputs, const Fp8Options& options
   }
   return out;
 }
+
+// Stage 10's tile of keys at D = 128, the FP16 model's.
+constexpr int64_t kFp16TileKeys = 128;
 
 std::vector<float> fp16_attention(const Inputs& inputs) {
   const Problem& p = inputs.problem;
@@ -286,7 +291,8 @@ std::vector<float> fp16_attention(const Inputs& inputs) {
       const auto score = [&](int64_t j) {
         return dot(q_row, &half.k[(kvh * p.kv_seq + j) * p.dim], p.dim) * scale_log2;
       };
-      const RowSums sums = attend_row(key_end, p.dim, score, round_to_half, &half.v[kvh * p.kv_seq * p.dim], o.data());
+      const RowSums sums =
+          attend_row(key_end, kFp16TileKeys, p.dim, score, round_to_half, &half.v[kvh * p.kv_seq * p.dim], o.data());
       float* row = &out[(qh * p.q_seq + i) * p.dim];
       for (int64_t d = 0; d < p.dim; ++d) row[d] = round_to_half(o[d] / sums.fp32);
     }

@@ -64,8 +64,12 @@ inline float dequantize(uint8_t code, const BlockScale& s) { return s.descale * 
 
 // ---- Head dims and the rotation ----
 constexpr int64_t kQueryBlock = 128;  // query rows per Q scale block
-constexpr int64_t kKeyBlock = 128;    // keys per K scale block, and keys per tile of the kernel
+constexpr int64_t kKeyBlock = 64;     // keys per K scale block: a kernel tile holds whole blocks
 int64_t pad_dim(int64_t dim);         // 64, 128 or 256
+// Keys per tile of the kernel's online softmax, by head-dim bucket: 192 up to Dpad = 128 (three K
+// blocks: fewer tiles, so less of the per-tile work of rescaling O, the turns and the barriers), 64
+// at Dpad = 256, where O alone takes 128 registers a thread.
+constexpr int64_t kernel_tile_keys(int64_t dim_padded) { return dim_padded <= 128 ? 192 : 64; }
 float hadamard_scale(int64_t dim_padded);
 void hadamard_rotate(float* row, int64_t dim_padded);  // in place, contract point 4
 
@@ -103,12 +107,13 @@ struct Fp8Options {
   VScaling v = VScaling::per_channel;
   int p_shift = 8;                  // P stored as e4m3(p · 2^p_shift)
   bool l_from_quantized_p = false;  // the row sum from the e4m3 P (else from the FP32 P)
+  int64_t tile_keys = 0;            // keys per tile of the online softmax; 0: the kernel's
 };
 
 // O (B, Hq, Nq, D) as the FP8 kernel computes it: Q, K, V quantized as `options` says; per key
-// tile of 128, S = descale_q·descale_k·(Q_q·K_qᵀ) (a float sum over the padded dim), the online
-// softmax in FP32, P quantized, O += P_q·V_q in FP32 (V's per-channel descale applied at the end);
-// O = O / l / 2^p_shift. The causal mask of causal.hpp; a row that sees no key gives zeros.
+// tile (kernel_tile_keys unless options.tile_keys), S = descale_q·descale_k·(Q_q·K_qᵀ) (a float sum over the padded
+// dim), the online softmax in FP32, P quantized, O += P_q·V_q in FP32 (V's per-channel descale applied at the end); O =
+// O / l / 2^p_shift. The causal mask of causal.hpp; a row that sees no key gives zeros.
 std::vector<float> fp8_attention(const Inputs& inputs, const Fp8Options& options);
 
 // O as the FP16 stages compute it (stage 10): Q, K, V rounded to FP16, S in FP32, the online

@@ -2,7 +2,7 @@
 // model of fp8_numerics.hpp (its contract, points 2-5), and V transposed for the attention kernel's
 // 8-bit P·V (quantize.hpp). Three kernels, all bounded by memory traffic:
 //
-//   quantize_qk_kernel      a block per (head, 128 rows) of Q or K: each warp holds 8 rows in
+//   quantize_qk_kernel      a block per (head, scale block: 128 rows of Q, 64 of K): each warp holds 8 rows in
 //                           registers (rotated in place when asked), the block's amax from them,
 //                           then the codes; nothing is read twice.
 //   value_amax_kernel       V's per-channel amax over all keys of a head: a thread per channel, a
@@ -36,7 +36,7 @@ namespace {
 using kernel::kFullWarp;
 using kernel::kWarpSize;
 
-constexpr int kQkThreads = 512;     // 16 warps, 8 rows each: a 128-row block
+constexpr int kQkRowsPerWarp = 8;   // quantize_qk_kernel: a warp per 8 rows of a scale block
 constexpr int kAmaxKeys = 256;      // keys per block of value_amax_kernel
 constexpr int kValueTileKeys = 64;  // keys per block of quantize_value_kernel
 constexpr int kValueTileDims = 64;  // channels per block
@@ -102,20 +102,19 @@ __device__ __forceinline__ void hadamard_rotate(float (&x)[kPerLane], int lane, 
   for (int e = 0; e < kPerLane; ++e) x[e] *= scale;
 }
 
-// Q or K: a block per (head, 128-row block), blockIdx.x = head · blocks_per_head + block.
-template <typename Element, int kDimPad>
-__global__ void __launch_bounds__(kQkThreads)
+// Q or K: a block per (head, block of kBlockRows rows), blockIdx.x = head · blocks_per_head + block.
+template <typename Element, int kDimPad, int kBlockRows>
+__global__ void __launch_bounds__(kBlockRows / kQkRowsPerWarp * kWarpSize)
     quantize_qk_kernel(const Element* __restrict__ source, uint8_t* __restrict__ codes, float* __restrict__ descales,
                        int seq, int dim, int blocks_per_head, bool rotate, float rotation_scale) {
   constexpr int kPerLane = kDimPad / kWarpSize;
-  constexpr int kWarps = kQkThreads / kWarpSize;
-  constexpr int kRowsPerWarp = static_cast<int>(kQueryBlock) / kWarps;
-  static_assert(kQueryBlock == kKeyBlock, "one kernel for both block sizes");
+  constexpr int kWarps = kBlockRows / kQkRowsPerWarp;
+  constexpr int kRowsPerWarp = kQkRowsPerWarp;
   const int64_t head = blockIdx.x / blocks_per_head;
   const int block = static_cast<int>(blockIdx.x % blocks_per_head);
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const int first_row = block * static_cast<int>(kQueryBlock) + warp * kRowsPerWarp;
+  const int first_row = block * kBlockRows + warp * kRowsPerWarp;
 
   float values[kRowsPerWarp][kPerLane];
   float amax = 0.0f;
@@ -278,12 +277,14 @@ Status quantize_typed(const Problem& problem, const QuantizedLayout& layout, con
                       const void* v, bool rotate, const QuantizedOutputs& out, cudaStream_t stream) {
   const int dim = static_cast<int>(problem.dim);
   const float rotation_scale = hadamard_scale(layout.dim_padded);
-  const auto quantize_rows = [&](const void* source, int64_t heads, int64_t seq, int64_t blocks, uint8_t* codes,
-                                 float* descales) -> Status {
+  const auto quantize_rows = [&](auto block_rows, const void* source, int64_t heads, int64_t seq, int64_t blocks,
+                                 uint8_t* codes, float* descales) -> Status {
+    constexpr int kBlockRows = decltype(block_rows)::value;
     FA_STATUS_TRY(check_grid(heads * blocks));
     const auto launch = [&](auto bucket) -> Status {
       constexpr int kDimPad = decltype(bucket)::value;
-      quantize_qk_kernel<Element, kDimPad><<<grid_of(heads * blocks), kQkThreads, 0, stream>>>(
+      constexpr unsigned kThreads = kBlockRows / kQkRowsPerWarp * kWarpSize;
+      quantize_qk_kernel<Element, kDimPad, kBlockRows><<<grid_of(heads * blocks), kThreads, 0, stream>>>(
           static_cast<const Element*>(source), codes, descales, static_cast<int>(seq), dim, static_cast<int>(blocks),
           rotate, rotation_scale);
       FA_LAUNCH_TRY();
@@ -291,8 +292,10 @@ Status quantize_typed(const Problem& problem, const QuantizedLayout& layout, con
     };
     return dispatch_head_dim<64, 128, 256>(problem.dim, launch);
   };
-  FA_STATUS_TRY(quantize_rows(q, problem.q_heads_total(), problem.q_seq, layout.q_blocks, out.q, out.q_descale));
-  FA_STATUS_TRY(quantize_rows(k, problem.kv_heads_total(), problem.kv_seq, layout.k_blocks, out.k, out.k_descale));
+  FA_STATUS_TRY(quantize_rows(std::integral_constant<int, static_cast<int>(kQueryBlock)>{}, q, problem.q_heads_total(),
+                              problem.q_seq, layout.q_blocks, out.q, out.q_descale));
+  FA_STATUS_TRY(quantize_rows(std::integral_constant<int, static_cast<int>(kKeyBlock)>{}, k, problem.kv_heads_total(),
+                              problem.kv_seq, layout.k_blocks, out.k, out.k_descale));
 
   const int64_t kv_heads = problem.kv_heads_total();
   unsigned* amax = static_cast<unsigned*>(out.v_amax);
