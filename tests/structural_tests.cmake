@@ -172,11 +172,12 @@ fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the
 fa_add_spill_test(NAME "stage13: ptxas spills nothing to local memory (sm_90a)"
   STAGE 13_wgmma_backward SOURCE wgmma_backward.cu ARCH 90a)
 # Stage 14 (FP8, sm_90a; not a stage of the registry: stages/14_fp8/CMakeLists.txt registers its
-# source folder): both products as e4m3 wgmma (S from shared memory at 64 and 128 keys, O += P·V with
-# P from registers in every bucket), the TMA ring, setmaxnreg, and P quantized in registers by
-# cvt.rn.satfinite.e4m3x2. S, P, the next P and O live in registers: no kernel may spill.
+# source folder): both products as e4m3 wgmma (S from shared memory at 64, 128 and 192 keys, O += P·V
+# with P from registers in every bucket), the TMA ring, setmaxnreg, and P quantized in registers by
+# cvt.rn.satfinite.e4m3x2. S, P and O live in registers: no kernel may spill.
 fa_add_structural_test(NAME "stage14: PTX runs both products as e4m3 wgmma, the TMA ring, setmaxnreg and P's e4m3 conversion (sm_90a)"
   STAGE 14_fp8 SOURCE fp8_attention.cu ARCH 90a
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n192k32\\.f32\\.e4m3\\.e4m3 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1"
   PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k32\\.f32\\.e4m3\\.e4m3 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1"
   PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k32\\.f32\\.e4m3\\.e4m3 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1"
   PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k32\\.f32\\.e4m3\\.e4m3 [{][^}]*[}], [{]%r[0-9]+, %r[0-9]+, %r[0-9]+, %r[0-9]+[}], %rd[0-9]+, 1, 1, 1"

@@ -17,7 +17,7 @@ quantize), or torch.float8_e4m3fn (attention_quantized); O is float16 or bfloat1
 The descales (float32): a value is descale * e4m3, and
     O = softmax((q_descale * Q)(k_descale * K)^T / sqrt(D)) (V * v_descale)
 with stage 14's blocks: q_descale (B, Hq, ceil(Nq / 128)), one per 128 query rows of a head;
-k_descale (B, Hkv, ceil(Nk / 128)), one per 128 keys; v_descale (B, Hkv, D), one per channel.
+k_descale (B, Hkv, ceil(Nk / 64)), one per 64 keys; v_descale (B, Hkv, D), one per channel.
 FlashAttention-3 takes one descale per (batch, KV head) for each of Q, K and V, shape (B, Hkv), and
 tensors (B, N, H, D); attention_quantized accepts such (B, Hkv) descales too and repeats them over
 the blocks (over each KV head's query heads for Q, over the channels for V); the tensors stay in the
@@ -46,7 +46,7 @@ from .problem import Problem
 E4M3 = torch.float8_e4m3fn
 STAGE = "14_fp8"
 QUERY_BLOCK = 128  # query rows per Q descale (stage 14's kQueryBlock)
-KEY_BLOCK = 128  # keys per K descale
+KEY_BLOCK = 64  # keys per K descale (stage 14's kKeyBlock)
 V_KEY_ALIGN = 16  # the transposed V's rows hold keys rounded up to this
 # what each call takes, in check_inputs' form: (device type, dtype) -> precision
 SIXTEEN_BIT = {("cuda", torch.float16): "fp16", ("cuda", torch.bfloat16): "bf16"}
@@ -67,7 +67,7 @@ class Quantized:
     """What quantize() returns, in stage 14's kernel layouts: q (B, Hq, Nq, Dpad) and k (B, Hkv, Nk,
     Dpad) e4m3 (rotated when `rotated`), v (B, Hkv, Dpad, Nk rounded up to 16) e4m3, transposed with
     the keys of each group of 16 permuted; q_descale (B, Hq, ceil(Nq/128)), k_descale (B, Hkv,
-    ceil(Nk/128)), v_descale (B, Hkv, Dpad), float32. `problem` is the attention's (its dim is D),
+    ceil(Nk/64)), v_descale (B, Hkv, Dpad), float32. `problem` is the attention's (its dim is D),
     `dtype` the 16-bit dtype quantized (O's by default)."""
 
     q: torch.Tensor

@@ -26,7 +26,7 @@ struct Row {
   Fp8Options options;
 };
 
-const char* qk_name(QkScaling s) { return s == QkScaling::per_tensor ? "tensor" : "block 128"; }
+const char* qk_name(QkScaling s) { return s == QkScaling::per_tensor ? "tensor" : "block 128 / 64"; }
 const char* v_name(VScaling s) {
   return s == VScaling::per_tensor ? "tensor" : (s == VScaling::per_head ? "head" : "channel");
 }

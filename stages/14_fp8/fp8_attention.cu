@@ -4,21 +4,23 @@
 // both products, which runs the tensor cores at twice the FP16 rate:
 //
 //   - Q, K and V arrive as e4m3 codes with FP32 descales, made by the quantization pass
-//     (quantize.cu): Q per (head, 128 query rows), K per (head, 128 keys), V per (head, channel),
+//     (quantize.cu): Q per (head, 128 query rows), K per (head, 64 keys), V per (head, channel),
 //     Q and K optionally rotated by a Hadamard matrix first (the dot products do not change).
 //   - S = Q·Kᵀ is wgmma m64nBck32 e4m3 x e4m3 with FP32 accumulators. The descales do not enter the
 //     product: the softmax scales each tile's S by descale_q · descale_k · (1/sqrt(D)) · log2(e),
-//     one multiplier per tile (a K/V tile lies inside one K block).
+//     one multiplier per K block of the tile (a tile holds whole K blocks: 192 keys, three of them,
+//     at D = 128; 128 at D = 64; 64 at D = 256).
 //   - The 8-bit operand rule: both shared-memory operands of an 8-bit wgmma are K-major. For
 //     S = Q·Kᵀ they are already (rows of Q and K hold the head dim). For O += P·V the contraction
 //     runs over keys, so V is read from V_qᵀ, (Dpad, keys), written transposed by the quantization
-//     pass: a row per channel, one 128-byte swizzle atom of 128 keys (64 at D = 256).
-//   - P in registers. P = exp2(t - m) is quantized to e4m3 times 2^kProbabilityShift (P <= 1 would
-//     otherwise leave 8 of e4m3's 16 binades unused, and small weights in its subnormals) and
-//     handed to the P·V wgmma as its register A operand without a shuffle: the FP32 accumulator
-//     gives a thread keys 2q, 2q+1, 8+2q, 9+2q of each 16 (q = lane % 4), the 8-bit A operand wants
-//     keys 4q .. 4q+3 in those places, and the quantization pass stored V's keys permuted to match
-//     (kernel_key_position in quantize.hpp). Four cvt.rn.satfinite.e4m3x2 per 16 keys, nothing else.
+//     pass: a row per channel, in panels of 64 keys (one 64-byte swizzle atom, one TMA box).
+//   - P in registers, once: the softmax of a tile runs on S's registers while the previous P·V
+//     reads P, and the new P is packed after the wait for that P·V. P = exp2(t - m) is quantized to e4m3 times
+//     2^kProbabilityShift (P <= 1 would otherwise leave 8 of e4m3's 16 binades unused, and small weights in its
+//     subnormals) and handed to the P·V wgmma as its register A operand without a shuffle: the FP32 accumulator gives a
+//     thread keys 2q, 2q+1, 8+2q, 9+2q of each 16 (q = lane % 4), the 8-bit A operand wants keys 4q .. 4q+3 in those
+//     places, and the quantization pass stored V's keys permuted to match (kernel_key_position in quantize.hpp). Four
+//     cvt.rn.satfinite.e4m3x2 per 16 keys, nothing else.
 //   - The row sum l is summed from the FP32 P (or, kRowSumFromQuantizedP, from the quantized P that
 //     P·V actually weights with); the 2^kProbabilityShift cancels between O and l.
 //   - The epilogue multiplies O's column d by V's descale of channel d, divides by l, and writes
@@ -293,7 +295,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   } else {
     // ---- The consumers ---------------------------------------------------------------------------
     claim_registers<T::kConsumerRegisters>();
-    const int consumer = warpgroup - 1;
+    const int consumer = __shfl_sync(kFullWarp, warpgroup, 0) - 1;  // warp-uniform: Q's descriptor in uniform registers
     const int thread = threadIdx.x % kWarpgroupThreads;
     const int warp = thread / kWarpSize;
     const int lane = threadIdx.x % kWarpSize;

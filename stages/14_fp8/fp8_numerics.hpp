@@ -24,7 +24,7 @@
 //    bitwise. The block's amax is taken after the rotation.
 // 5. Blocks (descale arrays, in this order):
 //    Q per block:  one per (b, h, query block of 128 rows): index (b·Hq + h)·ceil(Nq/128) + i/128;
-//    K per block:  one per (b, g, key block of 128 keys):   index (b·Hkv + g)·ceil(Nk/128) + j/128;
+//    K per block:  one per (b, g, key block of 64 keys):    index (b·Hkv + g)·ceil(Nk/64) + j/64;
 //    per tensor:   one for the whole of Q (or K): index 0;
 //    V per tensor: index 0; per head: index b·Hkv + g; per channel: index (b·Hkv + g)·Dpad + d
 //    (over all Nk keys of the head; the kernel multiplies O's column d by it in the epilogue).
@@ -69,7 +69,9 @@ int64_t pad_dim(int64_t dim);         // 64, 128 or 256
 // Keys per tile of the kernel's online softmax, by head-dim bucket: 192 up to Dpad = 128 (three K
 // blocks: fewer tiles, so less of the per-tile work of rescaling O, the turns and the barriers), 64
 // at Dpad = 256, where O alone takes 128 registers a thread.
-constexpr int64_t kernel_tile_keys(int64_t dim_padded) { return dim_padded <= 128 ? 192 : 64; }
+constexpr int64_t kernel_tile_keys(int64_t dim_padded) {
+  return dim_padded == 128 ? 192 : (dim_padded < 128 ? 128 : 64);
+}
 float hadamard_scale(int64_t dim_padded);
 void hadamard_rotate(float* row, int64_t dim_padded);  // in place, contract point 4
 

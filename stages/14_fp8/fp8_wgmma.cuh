@@ -125,11 +125,15 @@ __device__ __forceinline__ unsigned e4m3_step_offset(int step) {
 
 template <int N, bool kAccumulate>
 __device__ __forceinline__ void wgmma_e4m3_shared(float (&d)[N / 2], uint64_t a_descriptor, uint64_t b_descriptor) {
-  static_assert(N == 64 || N == 192, "S = Q·Kᵀ uses 64 or 192 keys a tile");
+  static_assert(N == 64 || N == 128 || N == 192, "S = Q·Kᵀ uses 64, 128 or 192 keys a tile");
   if constexpr (N == 64 && kAccumulate) {
     FA_FP8_SHARED("m64n64k32", FA_FP8_REGISTERS_32, FA_FP8_OPERANDS_32(FA_FP8_READ_WRITE, d), "%32", "%33", "%34")
   } else if constexpr (N == 64) {
     FA_FP8_SHARED("m64n64k32", FA_FP8_REGISTERS_32, FA_FP8_OPERANDS_32(FA_FP8_WRITE, d), "%32", "%33", "%34")
+  } else if constexpr (N == 128 && kAccumulate) {
+    FA_FP8_SHARED("m64n128k32", FA_FP8_REGISTERS_64, FA_FP8_OPERANDS_64(FA_FP8_READ_WRITE, d), "%64", "%65", "%66")
+  } else if constexpr (N == 128) {
+    FA_FP8_SHARED("m64n128k32", FA_FP8_REGISTERS_64, FA_FP8_OPERANDS_64(FA_FP8_WRITE, d), "%64", "%65", "%66")
   } else if constexpr (kAccumulate) {
     FA_FP8_SHARED("m64n192k32", FA_FP8_REGISTERS_96, FA_FP8_OPERANDS_96(FA_FP8_READ_WRITE, d), "%96", "%97", "%98")
   } else {

@@ -3,7 +3,7 @@
 // included: the same butterfly in the same pairs). The layouts the attention kernel reads:
 //
 //   Q_q  (B·Hq,  Nq,   Dpad)     e4m3, rows of Dpad bytes; descale per (head, 128 query rows)
-//   K_q  (B·Hkv, Nk,   Dpad)     e4m3; descale per (head, 128 keys)
+//   K_q  (B·Hkv, Nk,   Dpad)     e4m3; descale per (head, 64 keys)
 //   V_qᵀ (B·Hkv, Dpad, Nk_pad)   e4m3, transposed: a row per channel d, holding keys (8-bit wgmma
 //                                reads its B operand K-major only); descale per (head, channel d);
 //                                Nk_pad = Nk rounded up to 16 (TMA: rows of a multiple of 16 bytes),
@@ -38,7 +38,7 @@ struct QuantizedLayout {
   int64_t dim_padded = 0;                            // Dpad: 64, 128 or 256
   int64_t kv_seq_padded = 0;                         // Nk_pad
   int64_t q_blocks = 0;                              // ceil(Nq / 128): Q descales per head
-  int64_t k_blocks = 0;                              // ceil(Nk / 128)
+  int64_t k_blocks = 0;                              // ceil(Nk / 64)
   int64_t q_offset = 0, k_offset = 0, v_offset = 0;  // bytes into the workspace, each 256-aligned
   int64_t q_descale_offset = 0, k_descale_offset = 0, v_descale_offset = 0;
   int64_t v_amax_offset = 0;  // scratch of the V pass: per-channel amax
