@@ -202,11 +202,14 @@ struct ValueTile {
 // Fills a shared tile of codes, tile[channel][kernel_key_position(key)] = code_of(key, d) (keys past
 // Nk and channels past D zero), and writes it out as 16-byte rows of Vᵀ. Every element a thread
 // loads is in channel column threadIdx.x % 64 (256 is a multiple of 64): `code_of` may read that
-// channel's scale once.
+// channel's scale once. A warp's 32 threads store one key of 32 channels: with rows of 64 bytes
+// those bytes would fall in 2 of the 32 banks (16-way conflicts); rows of 68 bytes (17 words) put
+// them in 32. The rows are read back a word at a time (68 is no multiple of 16).
 template <typename CodeOf>
 __device__ __forceinline__ void store_value_tile(const ValueTile& at, uint8_t* __restrict__ transposed, int seq,
                                                  int seq_padded, int dim, int dim_padded, CodeOf&& code_of) {
-  __shared__ __align__(16) uint8_t tile[kValueTileDims][kValueTileKeys];
+  constexpr int kRowBytes = kValueTileKeys + 4;
+  __shared__ __align__(16) uint8_t tile[kValueTileDims][kRowBytes];
   const int column = threadIdx.x % kValueTileDims;
   const int d = at.first_channel + column;
   for (int index = threadIdx.x; index < kValueTileKeys * kValueTileDims; index += kValueThreads) {
@@ -221,8 +224,9 @@ __device__ __forceinline__ void store_value_tile(const ValueTile& at, uint8_t* _
     const int position = at.first_key + index % kChunks * 16;
     if (position >= seq_padded) continue;  // Nk_pad is a multiple of 16: a chunk is in or out whole
     const int64_t channel = at.head * dim_padded + at.first_channel + row;
+    const unsigned* words = reinterpret_cast<const unsigned*>(&tile[row][index % kChunks * 16]);
     *reinterpret_cast<uint4*>(transposed + channel * seq_padded + position) =
-        *reinterpret_cast<const uint4*>(&tile[row][index % kChunks * 16]);
+        make_uint4(words[0], words[1], words[2], words[3]);
   }
 }
 
