@@ -195,72 +195,93 @@ __device__ __forceinline__ float2 unpack_pair(unsigned word) {
   }
 }
 
-// Preprocessing, one warp per row of the workspaces (each head's rows padded to kWorkspaceRows):
-// D_i = rowsum(dO ∘ O), read 8 elements (16 bytes) a lane, and the LSE in log2 units. Rows past Nq,
-// and rows that see no key (LSE = -inf), get LSE = +inf: their P = 2^(s − inf) = 0, so they add
-// nothing. Each warp also clears kDim floats of dQ's sum (a row's share of the workspace, whatever
-// its order inside a tile).
+// Preprocessing, kDim / 8 lanes per row of the workspaces (each head's rows padded to
+// kWorkspaceRows), so that every lane of a warp loads 16 bytes of O and of dO (two rows a warp at
+// D = 128, four at D = 64): D_i = rowsum(dO ∘ O) and the LSE in log2 units. Rows past Nq, and rows
+// that see no key (LSE = -inf), get LSE = +inf: their P = 2^(s − inf) = 0, so they add nothing. Each
+// row's lanes also clear its kDim floats of dQ's sum (a row's share of the workspace, whatever its
+// order inside a tile), 32 bytes a lane.
 template <typename Element, int kDim>
 __global__ void row_prepare_kernel(const Element* __restrict__ out, const Element* __restrict__ grad_out,
                                    const float* __restrict__ lse, float* __restrict__ lse_log2,
                                    float* __restrict__ row_delta, float* __restrict__ grad_q_sum,
                                    int64_t workspace_rows, int q_seq, int workspace_head_rows, int dim) {
   constexpr int kVector = 8;  // 16-bit elements in 16 bytes
-  const int64_t index = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  constexpr int kLanesPerRow = kDim / kVector;
+  constexpr int kRowsPerWarp = kWarpSize / kLanesPerRow;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  if (index >= workspace_rows) return;
-  for (int d = 4 * lane; d < kDim; d += 4 * kWarpSize) {
-    *reinterpret_cast<float4*>(grad_q_sum + index * kDim + d) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
+  const int sublane = lane % kLanesPerRow;
+  const int64_t index = warp * kRowsPerWarp + lane / kLanesPerRow;
+  const bool live = index < workspace_rows;
   const int64_t head = index / workspace_head_rows;
   const int row = static_cast<int>(index % workspace_head_rows);
   float sum = 0.0f;
-  float log2_lse = INFINITY;
-  if (row < q_seq) {
-    const int64_t first = (head * q_seq + row) * dim;
-    for (int d = kVector * lane; d < dim; d += kVector * kWarpSize) {
-      const uint4 o = *reinterpret_cast<const uint4*>(out + first + d);
-      const uint4 grad = *reinterpret_cast<const uint4*>(grad_out + first + d);
-      const unsigned o_words[4] = {o.x, o.y, o.z, o.w};
-      const unsigned grad_words[4] = {grad.x, grad.y, grad.z, grad.w};
+  if (live && row < q_seq && kVector * sublane < dim) {
+    const int64_t first = (head * q_seq + row) * dim + kVector * sublane;
+    const uint4 o = *reinterpret_cast<const uint4*>(out + first);
+    const uint4 grad = *reinterpret_cast<const uint4*>(grad_out + first);
+    const unsigned o_words[4] = {o.x, o.y, o.z, o.w};
+    const unsigned grad_words[4] = {grad.x, grad.y, grad.z, grad.w};
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const float2 a = unpack_pair<Element>(o_words[w]);
-        const float2 b = unpack_pair<Element>(grad_words[w]);
-        sum += a.x * b.x + a.y * b.y;
-      }
+    for (int w = 0; w < 4; ++w) {
+      const float2 a = unpack_pair<Element>(o_words[w]);
+      const float2 b = unpack_pair<Element>(grad_words[w]);
+      sum += a.x * b.x + a.y * b.y;
     }
-    const float value = lse[head * q_seq + row];
-    if (value != -INFINITY) log2_lse = value * kernel::kLog2e;
   }
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (lane == 0) {
+  if (live) {
+    float4* clear = reinterpret_cast<float4*>(grad_q_sum + index * kDim) + 2 * sublane;
+    clear[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    clear[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  // The row's lanes are side by side: the sum over kLanesPerRow of them.
+  for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (live && sublane == 0) {
+    float log2_lse = INFINITY;
+    if (row < q_seq) {
+      const float value = lse[head * q_seq + row];
+      if (value != -INFINITY) log2_lse = value * kernel::kLog2e;
+    }
     row_delta[index] = sum;
     lse_log2[index] = log2_lse;
   }
 }
 
-// The last step: dQ = scale · (the FP32 sum every key tile added), rounded to the element type. One
-// thread per float4 of the workspace, so that the reads are whole and side by side; each float4 is
-// two pairs of dQ (part_place), stored as two 4-byte pairs.
+// The last step: dQ = scale · (the FP32 sum every key tile added), rounded to the element type.
+// Each thread reads kConvertFloat4s float4s of the workspace, a block's reads side by side, all of
+// them before its first store (the loads in flight together); each float4 is two pairs of dQ
+// (part_place), stored as two 4-byte pairs.
+constexpr int kConvertFloat4s = 4;
 template <typename Element, int kDim>
 __global__ void scale_grad_query_kernel(const float4* __restrict__ accumulated, Element* __restrict__ grad_q,
                                         int64_t float4s, int q_seq, int workspace_head_rows, int dim, float scale) {
   using T = Tiling<kDim>;
   constexpr int kTileFloat4s = T::kQueries * kDim / 4;
-  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (index >= float4s) return;
-  const int64_t tile = index / kTileFloat4s;  // (query head, query tile), tile-major
+  const int64_t first_index = static_cast<int64_t>(blockIdx.x) * blockDim.x * kConvertFloat4s + threadIdx.x;
+  float4 sums[kConvertFloat4s];
+#pragma unroll
+  for (int k = 0; k < kConvertFloat4s; ++k) {
+    const int64_t index = first_index + k * blockDim.x;
+    sums[k] = index < float4s ? accumulated[index] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
   const int tiles_per_head = workspace_head_rows / T::kQueries;
-  const int64_t head = tile / tiles_per_head;
-  const PartPlace place = part_place<kDim>(static_cast<int>(index % kTileFloat4s));
-  if (place.column >= dim) return;  // dim is a multiple of 8: both columns are in or out
-  const float4 sum = accumulated[index];
-  const int row = static_cast<int>(tile % tiles_per_head) * T::kQueries + place.row;
-  Element* first = grad_q + (head * q_seq + row) * dim + place.column;
-  if (row < q_seq) *reinterpret_cast<unsigned*>(first) = kernel::pack_pair<Element>(sum.x * scale, sum.y * scale);
-  if (row + 8 < q_seq) {
-    *reinterpret_cast<unsigned*>(first + 8 * dim) = kernel::pack_pair<Element>(sum.z * scale, sum.w * scale);
+#pragma unroll
+  for (int k = 0; k < kConvertFloat4s; ++k) {
+    const int64_t index = first_index + k * blockDim.x;
+    const int64_t tile = index / kTileFloat4s;  // (query head, query tile), tile-major
+    const int64_t head = tile / tiles_per_head;
+    const PartPlace place = part_place<kDim>(static_cast<int>(index % kTileFloat4s));
+    // dim is a multiple of 8: both columns of a pair are in or out.
+    if (index >= float4s || place.column >= dim) continue;
+    const int row = static_cast<int>(tile % tiles_per_head) * T::kQueries + place.row;
+    Element* first = grad_q + (head * q_seq + row) * dim + place.column;
+    if (row < q_seq) {
+      *reinterpret_cast<unsigned*>(first) = kernel::pack_pair<Element>(sums[k].x * scale, sums[k].y * scale);
+    }
+    if (row + 8 < q_seq) {
+      *reinterpret_cast<unsigned*>(first + 8 * dim) = kernel::pack_pair<Element>(sums[k].z * scale, sums[k].w * scale);
+    }
   }
 }
 
@@ -637,10 +658,12 @@ Status launch(const BackwardArgs& args) {
                                             problem.kv_heads_total(), kPanelColumns, kKeys));
 
   // 1. D_i = rowsum(dO ∘ O) and the LSE in log2 units; dQ's sum cleared (and the turns).
-  constexpr int kRowsPerBlock = 8;
+  constexpr int kPrepareWarps = 8;
+  constexpr int kRowsPerWarp = kWarpSize / (kDim / 8);
   const int64_t workspace_rows = layout.row_floats;
-  row_prepare_kernel<Element, kDim><<<static_cast<unsigned>((workspace_rows + kRowsPerBlock - 1) / kRowsPerBlock),
-                                      kRowsPerBlock * kWarpSize, 0, args.stream>>>(
+  const int64_t prepare_warps = (workspace_rows + kRowsPerWarp - 1) / kRowsPerWarp;
+  row_prepare_kernel<Element, kDim><<<static_cast<unsigned>((prepare_warps + kPrepareWarps - 1) / kPrepareWarps),
+                                      kPrepareWarps * kWarpSize, 0, args.stream>>>(
       static_cast<const Element*>(args.o), static_cast<const Element*>(args.grad_o), args.lse, lse_log2, row_delta,
       grad_q_sum, workspace_rows, static_cast<int>(problem.q_seq), head_rows, static_cast<int>(problem.dim));
   FA_LAUNCH_TRY();
@@ -666,10 +689,11 @@ Status launch(const BackwardArgs& args) {
   // 3. dQ = scale · the sum, rounded to the element type.
   constexpr int kConvertThreads = 256;
   const int64_t float4s = layout.grad_q_floats / 4;
+  constexpr int kConvertBlockFloat4s = kConvertThreads * kConvertFloat4s;
   scale_grad_query_kernel<Element, kDim>
-      <<<static_cast<unsigned>((float4s + kConvertThreads - 1) / kConvertThreads), kConvertThreads, 0, args.stream>>>(
-          reinterpret_cast<const float4*>(grad_q_sum), static_cast<Element*>(args.grad_q), float4s,
-          static_cast<int>(problem.q_seq), head_rows, static_cast<int>(problem.dim), scale);
+      <<<static_cast<unsigned>((float4s + kConvertBlockFloat4s - 1) / kConvertBlockFloat4s), kConvertThreads, 0,
+         args.stream>>>(reinterpret_cast<const float4*>(grad_q_sum), static_cast<Element*>(args.grad_q), float4s,
+                        static_cast<int>(problem.q_seq), head_rows, static_cast<int>(problem.dim), scale);
   FA_LAUNCH_TRY();
   return Status();
 }
