@@ -27,10 +27,22 @@ if(NOT CMAKE_SCRIPT_MODE_FILE)
   add_test(NAME "restamp: machine code compared, restamps chained, methods hashed"
     COMMAND ${restamp_python} -m unittest discover -s ${PROJECT_SOURCE_DIR}/tests/restamp -t ${PROJECT_SOURCE_DIR}/tests/restamp)
   # The headline GPU's restamps that lead to this tree: their SASS digests recomputed from this
-  # build's stage libraries (the same nvcc; the cubins for the restamp's architecture).
+  # build's stage libraries (the same nvcc; the cubins for the restamp's architecture). A build of
+  # some stages (FA_ONLY_STAGES) verifies those it built.
+  set(restamp_stages "")
+  if(FA_ONLY_STAGES)
+    file(GLOB restamp_folders LIST_DIRECTORIES true RELATIVE ${PROJECT_SOURCE_DIR}/stages
+         ${PROJECT_SOURCE_DIR}/stages/[0-9][0-9]_*)
+    foreach(folder IN LISTS restamp_folders)
+      if(TARGET fa_stage_${folder})
+        list(APPEND restamp_stages ${folder})
+      endif()
+    endforeach()
+    list(PREPEND restamp_stages --stages)
+  endif()
   add_test(NAME "restamp: the NVIDIA_H200 restamps to this tree have this build's SASS"
     COMMAND ${restamp_python} ${PROJECT_SOURCE_DIR}/scripts/restamp --verify ${PROJECT_SOURCE_DIR}/plots/data/NVIDIA_H200
-            --build ${CMAKE_BINARY_DIR})
+            --build ${CMAKE_BINARY_DIR} ${restamp_stages})
   set_tests_properties("restamp: machine code compared, restamps chained, methods hashed"
     "restamp: the NVIDIA_H200 restamps to this tree have this build's SASS"
     PROPERTIES ENVIRONMENT "PYTHONPATH=${PROJECT_SOURCE_DIR}/python;PYTHONDONTWRITEBYTECODE=1;CUDACXX=${CMAKE_CUDA_COMPILER}")

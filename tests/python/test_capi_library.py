@@ -161,7 +161,12 @@ class Errors(LibraryTestCase):
         """Host buffers to a GPU stage: without a GPU the library says plainly that there is none (as
         the command line does), never the runtime's "driver version is insufficient"; with one, it
         refuses the host memory."""
-        stage = next(s for s in self.library.stages() if s.is_cuda and s.precision == "fp32")
+        # An FP32 stage where the build has one; a build of a few stages (FA_ONLY_STAGES) may have
+        # only 16-bit ones, which take the same pointers (they read fewer bytes of them).
+        cuda_stages = sorted((s for s in self.library.stages() if s.is_cuda), key=lambda s: s.precision != "fp32")
+        if not cuda_stages:
+            self.skipTest("this build has no GPU stage (FA_ONLY_STAGES named CPU stages only)")
+        stage = cuda_stages[0]
         problem = Problem.square(1, 1, 4, 4)
         with self.assertRaises(FaError) as caught:
             self.library.forward(stage.id, problem, *self.buffers(problem))
