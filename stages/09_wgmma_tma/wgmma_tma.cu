@@ -47,6 +47,7 @@
 #include "fa/cuda_check.hpp"
 #include "fa/kernel/accumulator_softmax.cuh"
 #include "fa/kernel/launch_order.cuh"
+#include "fa/kernel/tma_forward.cuh"
 #include "fa/kernel/tma_ring.cuh"
 #include "fa/kernel/tma_stage.cuh"
 #include "fa/kernel/warp.cuh"
@@ -62,9 +63,9 @@
 // sm_90a alone; the guard keeps any other device pass (a PTX check for another target, say) to a
 // trap. The runner never launches the stage on another GPU (its descriptor says exactly sm_90a).
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FA_STAGE09_DEVICE_CODE 1
+#define FA_SM90A_DEVICE_CODE 1
 #else
-#define FA_STAGE09_DEVICE_CODE 0
+#define FA_SM90A_DEVICE_CODE 0
 #endif
 
 namespace fa::stages {
@@ -125,7 +126,7 @@ struct Tiling {
   static_assert(kSharedBytes <= kSharedBytesPerBlock, "the tiles do not fit in one block's shared memory");
 };
 
-// One block: Br = 64 · kConsumers query rows of one (batch, query head). Threads 0-127 are the
+// One piece: Br = 64 · kConsumers query rows of one (batch, query head). Threads 0-127 are the
 // producer warpgroup (thread 0 issues every copy, the rest have nothing to do), the next
 // 128 · kConsumers threads the consumer warpgroups, 64 rows each. The tensor maps describe Q and O
 // as (B·Hq) x Nq x D and K, V as (B·Hkv) x Nk x D (D padded to a multiple of 8 when it is not
@@ -137,11 +138,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
                            Element* __restrict__ o, float* __restrict__ lse, int q_seq, int kv_seq, int dim,
                            int query_tiles, int q_heads, int kv_heads, int heads_total, bool causal,
                            bool store_by_copy_engine, float scale_log2) {
-#if FA_STAGE09_DEVICE_CODE
+#if FA_SM90A_DEVICE_CODE
   using T = Tiling<kDim>;
   using namespace kernel;
-  constexpr int kKeySteps = T::kKeys / kMmaDepth;      // 16-key steps of P·V
-  constexpr int kScoreTiles = T::kKeys / kMmaColumns;  // 8-key accumulator tiles of S
+  constexpr int kKeySteps = T::kKeys / kMmaDepth;  // 16-key steps of P·V
 
   // Shared memory, aligned to the swizzle's 1024-byte period: Q (kPanels panels of Br rows x 128
   // bytes), then ring slot s = (K tile, V tile), each kPanels panels of Bc rows x 128 bytes, then
@@ -159,30 +159,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   const auto key_slot = [&](int slot) { return ring + 2 * slot * T::kKvTileBytes; };
   const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * T::kKvTileBytes; };
 
-  // The piece: which (query tile, query head), heaviest first under the causal mask
-  // (kernel/launch_order.cuh), the K/V head of its group, and the K/V tiles it sees (stage 08): all
-  // of them, or with the causal mask those its last valid row sees; tiles past that are never
-  // loaded. Keys below `unmasked_keys` are visible to every row of the piece, so only tiles reaching
-  // past it need the mask. The producer and the consumers compute the same piece and counts: every
-  // tile the producer loads is consumed.
-  struct Piece {
-    int query_head;
-    int kv_head;
-    int first_row;
-    int unmasked_keys;
-    int tiles;
-  };
+  // The pieces (kernel/tma_forward.cuh).
   const auto piece_at = [&](int64_t index) {
-    const BlockWork work = block_work(index, query_tiles, heads_total, causal);
-    Piece piece;
-    piece.query_head = static_cast<int>(work.query_head);
-    piece.kv_head = static_cast<int>(kv_head_of(work.query_head, q_heads, kv_heads));
-    piece.first_row = work.query_tile * T::kQueryRows;
-    const int last_row = min(q_seq, piece.first_row + T::kQueryRows) - 1;
-    const int key_end = causal ? static_cast<int>(causal_key_end(last_row, q_seq, kv_seq)) : kv_seq;
-    piece.unmasked_keys = causal ? static_cast<int>(causal_key_end(piece.first_row, q_seq, kv_seq)) : kv_seq;
-    piece.tiles = (key_end + T::kKeys - 1) / T::kKeys;
-    return piece;
+    return kernel::piece_at<T::kQueryRows, T::kKeys>(index, query_tiles, heads_total, q_heads, kv_heads, q_seq, kv_seq,
+                                                     causal);
   };
 
   const Piece piece = piece_at(blockIdx.x);
@@ -268,16 +248,11 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 
     // O for the warpgroup's 64 rows in FP32 accumulators (D/2 registers a thread), normalized only
     // at the end. Per thread and row (top: `group`, bottom: `group + 8`) the running max m in log2
-    // units (m = max_j s_j · scale · log2 e) and this thread's share of the running sum l. A row
-    // that sees no key at all (causal, Nq > Nk) starts at m = 0, not -inf (stage 08).
-    float out[kDim / 2] = {};
+    // units (m = max_j s_j · scale · log2 e) and this thread's share of the running sum l.
+    float out[kDim / 2];
     float row_max[2];
-    float row_sum[2] = {};
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = warp_first_row + group + 8 * half;
-      row_max[half] = causal && causal_key_end(row, q_seq, kv_seq) == 0 ? 0.0f : -INFINITY;
-    }
+    float row_sum[2];
+    start_rows<kDim>(out, row_max, row_sum, warp_first_row, group, q_seq, kv_seq, causal);
 
     barrier_wait(query_full, 0);
 
@@ -298,12 +273,11 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       fence_registers(scores);
 
       // The online softmax on the accumulators, as in stage 08: scores[4j + e] is key
-      // key_base + 8j + 2·quad + e % 2 of the top row (e < 2) or the bottom row (e >= 2). Mask
-      // only tiles that reach past the keys every row sees (the diagonal, the partial last tile:
-      // its zero-filled keys must weigh nothing, so -inf, never 0).
-      if (key_base + T::kKeys > piece.unmasked_keys) mask_scores<kScoreTiles>(scores, key_base, quad, key_limit);
+      // key_base + 8j + 2·quad + e % 2 of the top row (e < 2) or the bottom row (e >= 2); the mask
+      // only where the tile reaches past the keys every row sees (kernel/tma_forward.cuh).
       float rescale[2];
-      online_softmax<kScoreTiles>(scores, row_max, row_sum, rescale, scale_log2);
+      softmax_step<T::kKeys>(scores, key_base, piece.unmasked_keys, quad, key_limit, row_max, row_sum, rescale,
+                             scale_log2);
 #pragma unroll
       for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
 

@@ -45,6 +45,7 @@
 #include "fa/device.hpp"
 #include "fa/kernel/accumulator_softmax.cuh"
 #include "fa/kernel/launch_order.cuh"
+#include "fa/kernel/tma_forward.cuh"
 #include "fa/kernel/tma_ring.cuh"
 #include "fa/kernel/tma_stage.cuh"
 #include "fa/kernel/warp.cuh"
@@ -55,11 +56,14 @@
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
 
-// sm_90a only, as stage 09 (wgmma, setmaxnreg): any other device pass compiles to a trap.
+// wgmma and setmaxnreg exist only in the sm_90a target (the 'a' is for "architecture-specific":
+// code built for it runs on compute capability 9.0 and nothing else). CMake builds this stage for
+// sm_90a alone; the guard keeps any other device pass (a PTX check for another target, say) to a
+// trap. The runner never launches the stage on another GPU (its descriptor says exactly sm_90a).
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FA_STAGE10_DEVICE_CODE 1
+#define FA_SM90A_DEVICE_CODE 1
 #else
-#define FA_STAGE10_DEVICE_CODE 0
+#define FA_SM90A_DEVICE_CODE 0
 #endif
 
 namespace fa::stages {
@@ -132,13 +136,13 @@ struct Tiling {
   static_assert(kSharedBytes <= kSharedBytesPerBlock, "the tiles do not fit in one block's shared memory");
 };
 
-// A block computes pieces blockIdx.x, blockIdx.x + gridDim.x, ... of the (query tile, query head)
-// pieces, each Br = 64 · kConsumers query rows of one (batch, query head): one block per SM that
-// loops over many, or one block per piece (launch says which). Threads 0-127 are the producer
-// warpgroup (thread 0 issues every copy, the rest have nothing to do), the next 128 · kConsumers
-// threads the consumer warpgroups, 64 rows each. The tensor maps describe Q and O as (B·Hq) x Nq x D
-// and K, V as (B·Hkv) x Nk x D (D padded to a multiple of 8 when it is not one); `o` and `dim` are
-// for the element-by-element output path. `lse` (B, Hq, Nq) may be null.
+// A block computes pieces blockIdx.x, blockIdx.x + gridDim.x, ... (`pieces` in all): one block per
+// SM that loops over many, or one block per piece (launch says which).
+// One piece: Br = 64 · kConsumers query rows of one (batch, query head). Threads 0-127 are the
+// producer warpgroup (thread 0 issues every copy, the rest have nothing to do), the next
+// 128 · kConsumers threads the consumer warpgroups, 64 rows each. The tensor maps describe Q and O
+// as (B·Hq) x Nq x D and K, V as (B·Hkv) x Nk x D (D padded to a multiple of 8 when it is not
+// one); `o` and `dim` are for the element-by-element output path. `lse` (B, Hq, Nq) may be null.
 template <typename Element, int kDim>
 __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     overlapped_attention_kernel(const __grid_constant__ CUtensorMap query_map,
@@ -148,11 +152,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
                                 float* __restrict__ lse, int q_seq, int kv_seq, int dim, int query_tiles, int q_heads,
                                 int kv_heads, int heads_total, int pieces, bool causal, bool store_by_copy_engine,
                                 float scale_log2) {
-#if FA_STAGE10_DEVICE_CODE
+#if FA_SM90A_DEVICE_CODE
   using T = Tiling<kDim>;
   using namespace kernel;
-  constexpr int kKeySteps = T::kKeys / kMmaDepth;      // 16-key steps of P·V
-  constexpr int kScoreTiles = T::kKeys / kMmaColumns;  // 8-key accumulator tiles of S
+  constexpr int kKeySteps = T::kKeys / kMmaDepth;  // 16-key steps of P·V
 
   // Shared memory, aligned to the swizzle's 1024-byte period: Q (kPanels panels of Br rows x 128
   // bytes), the O staging tile where it has one (else O is staged in the Q tile), then ring slot
@@ -173,30 +176,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   const auto key_slot = [&](int slot) { return ring + 2 * slot * T::kKvTileBytes; };
   const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * T::kKvTileBytes; };
 
-  // Piece p: which (query tile, query head), heaviest first under the causal mask
-  // (kernel/launch_order.cuh), the K/V head of its group, and the K/V tiles it sees (stage 08): all
-  // of them, or with the causal mask those its last valid row sees; tiles past that are never
-  // loaded. Keys below `unmasked_keys` are visible to every row of the piece, so only tiles reaching
-  // past it need the mask. The producer and the consumers compute the same pieces and counts: every
-  // tile the producer loads is consumed.
-  struct Piece {
-    int query_head;
-    int kv_head;
-    int first_row;
-    int unmasked_keys;
-    int tiles;
-  };
+  // The pieces (kernel/tma_forward.cuh).
   const auto piece_at = [&](int64_t index) {
-    const BlockWork work = block_work(index, query_tiles, heads_total, causal);
-    Piece piece;
-    piece.query_head = static_cast<int>(work.query_head);
-    piece.kv_head = static_cast<int>(kv_head_of(work.query_head, q_heads, kv_heads));
-    piece.first_row = work.query_tile * T::kQueryRows;
-    const int last_row = min(q_seq, piece.first_row + T::kQueryRows) - 1;
-    const int key_end = causal ? static_cast<int>(causal_key_end(last_row, q_seq, kv_seq)) : kv_seq;
-    piece.unmasked_keys = causal ? static_cast<int>(causal_key_end(piece.first_row, q_seq, kv_seq)) : kv_seq;
-    piece.tiles = (key_end + T::kKeys - 1) / T::kKeys;
-    return piece;
+    return kernel::piece_at<T::kQueryRows, T::kKeys>(index, query_tiles, heads_total, q_heads, kv_heads, q_seq, kv_seq,
+                                                     causal);
   };
 
   // One thread sets up the barriers. A "full" barrier expects one arrival (the producer's, which
@@ -225,40 +208,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       prefetch_tensor_map(&query_map);
       prefetch_tensor_map(&key_map);
       prefetch_tensor_map(&value_map);
-      // `ring_tile` counts the K/V tiles through the ring over all the block's pieces: tile number
-      // r goes to slot r % kStages. Before reusing a slot's K (from the second pass on) wait until
-      // all consumer warps have released it: the phase that completed on their (r / kStages)-th
-      // release, parity (r / kStages - 1) % 2; the same for V. K and V have barriers of their own
-      // both ways: QKᵀ can start while V is still on its way, and the next K can land while the
-      // consumers still multiply by this slot's V.
-      int ring_tile = 0;
-      int round = 0;
-      for (int64_t index = blockIdx.x; index < pieces; index += gridDim.x, ++round) {
-        const Piece piece = piece_at(index);
-        // Q: one box of Br rows x 64 columns per panel, all completing on query_full, once the
-        // consumers have released the last piece's (rows past Nq arrive as zeros).
-        if (round > 0) barrier_wait(query_free, (round - 1) & 1);
-        barrier_arrive_expect_bytes(query_full, T::kQueryTileBytes);
-        copy_tile_to_shared<T::kPanels, T::kQueryPanelBytes>(query_tile, &query_map, query_full, piece.first_row,
-                                                             piece.query_head);
-        for (int tile = 0; tile < piece.tiles; ++tile, ++ring_tile) {
-          const int slot = ring_tile % T::kStages;
-          const int pass = ring_tile / T::kStages;
-          const int key_base = tile * T::kKeys;
-          if (pass > 0) barrier_wait(&key_free[slot], (pass - 1) & 1);
-          barrier_arrive_expect_bytes(&key_full[slot], T::kKvTileBytes);
-          for (int panel = 0; panel < T::kPanels; ++panel) {
-            copy_box_to_shared(shared_address(key_slot(slot) + panel * T::kKvPanelBytes), &key_map,
-                               shared_address(&key_full[slot]), panel * kPanelColumns, key_base, piece.kv_head);
-          }
-          if (pass > 0) barrier_wait(&value_free[slot], (pass - 1) & 1);
-          barrier_arrive_expect_bytes(&value_full[slot], T::kKvTileBytes);
-          for (int panel = 0; panel < T::kPanels; ++panel) {
-            copy_box_to_shared(shared_address(value_slot(slot) + panel * T::kKvPanelBytes), &value_map,
-                               shared_address(&value_full[slot]), panel * kPanelColumns, key_base, piece.kv_head);
-          }
-        }
-      }
+      produce_pieces<T::kStages, T::kKeys, T::kPanels, T::kQueryPanelBytes, T::kKvPanelBytes>(
+          piece_at, pieces, query_tile, ring, &query_map, &key_map, &value_map, query_full, query_free, key_full,
+          value_full, key_free, value_free);
     }
   } else {
     // ---- The consumers -----------------------------------------------------------------------
@@ -338,24 +290,11 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       const auto key_limit = [&](int half) {
         return causal ? min(kv_seq, warp_first_row + group + 8 * half + diagonal) : kv_seq;
       };
-      // A row that sees no key at all (causal, Nq > Nk) starts at m = 0, not -inf (stage 08).
-#pragma unroll
-      for (int i = 0; i < kDim / 2; ++i) out[i] = 0.0f;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = warp_first_row + group + 8 * half;
-        row_max[half] = causal && causal_key_end(row, q_seq, kv_seq) == 0 ? 0.0f : -INFINITY;
-        row_sum[half] = 0.0f;
-      }
-      // The online softmax of stage 09 on S of the piece's tile `tile`: the mask where the tile
-      // reaches past the keys every row sees, the new running max, the factor O must be rescaled by,
-      // P = exp2(S - m) in place, and the running sums.
+      start_rows<kDim>(out, row_max, row_sum, warp_first_row, group, q_seq, kv_seq, causal);
+      // The online softmax of stage 09 on S of the piece's tile `tile`.
       const auto softmax = [&](int tile, float(&rescale)[2]) {
-        const int key_base = tile * T::kKeys;
-        if (key_base + T::kKeys > piece.unmasked_keys) {
-          mask_scores<kScoreTiles>(scores, key_base, quad, key_limit);
-        }
-        online_softmax<kScoreTiles>(scores, row_max, row_sum, rescale, scale_log2);
+        softmax_step<T::kKeys>(scores, tile * T::kKeys, piece.unmasked_keys, quad, key_limit, row_max, row_sum, rescale,
+                               scale_log2);
       };
 
       barrier_wait(query_full, round & 1);
@@ -445,39 +384,11 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       ring_tile += tiles;
 
       // ---- The epilogue ----------------------------------------------------------------------
-      // l from the four threads of each row; O / l rounded to the element type and staged in this
-      // warpgroup's own 64 rows of the O tile (or of the Q tile, no longer read by anyone: its last
-      // wgmma has completed), swizzled like the tiles TMA writes; then written out. First the
-      // staging must be free: the last piece's TMA store has read it (thread 0 issued that store)
-      // and every thread of the warpgroup is done with it.
-      if (store_by_copy_engine && thread == 0) wait_stores_read();
-      sync_threads(1 + consumer, kWarpgroupThreads);
-      stage_output_rows<Element, kDim, T::kQueryPanelBytes>(out, row_max, row_sum, out_tile, consumer * kMmaRows, warp,
-                                                            group, quad, consumer_first_row, q_seq, lse,
-                                                            piece.query_head);
-      // The staged rows were written by ordinary stores; TMA reads them (or, staged in the Q tile,
-      // overwrites them with the next Q) through the async proxy: each writing thread fences.
-      fence_shared_for_async_proxy();
-      if (store_by_copy_engine) {
-        // The warpgroup meets at its own barrier, then one thread stores every panel as one box of
-        // 64 rows (rows past Nq and columns past D are not written).
-        sync_threads(1 + consumer, kWarpgroupThreads);
-        if (thread == 0 && consumer_first_row < q_seq) {
-          store_staged_rows<T::kPanels, T::kQueryPanelBytes>(&out_map, out_tile, consumer * kMmaRows,
-                                                             consumer_first_row, piece.query_head);
-        }
-      } else {
-        // The fallback (D not a multiple of 8, or O off a 16-byte boundary): element by element.
-        sync_threads(1 + consumer, kWarpgroupThreads);
-        copy_staged_rows<Element, T::kQueryPanelBytes>(o, out_tile, consumer * kMmaRows, thread, consumer_first_row,
-                                                       q_seq, dim, piece.query_head);
-      }
-      // O staged in the Q tile: the Q tile is free once the store has read it.
-      if (!T::kOutTile) {
-        if (store_by_copy_engine && thread == 0) wait_stores_read();
-        sync_threads(1 + consumer, kWarpgroupThreads);
-        release(query_free);
-      }
+      // O / l staged in this warpgroup's own 64 rows of the O tile (or of the Q tile, no longer read
+      // by anyone: its last wgmma has completed), then written out (kernel/tma_forward.cuh).
+      write_piece_output<Element, kDim, T::kPanels, T::kQueryPanelBytes, !T::kOutTile>(
+          out, row_max, row_sum, out_tile, consumer, thread, warp, lane, group, quad, consumer_first_row, q_seq, dim,
+          lse, piece.query_head, &out_map, o, store_by_copy_engine, query_free);
     }
     if (consumer == 0) take_turn();
     // The block's shared memory must outlive the copy engine's reads of the last staged O.

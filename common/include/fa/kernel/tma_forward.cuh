@@ -1,0 +1,164 @@
+// The frame of a warp-specialized TMA forward kernel, around its schedule: the piece a block
+// computes, a consumer warpgroup's running state and its softmax step (taught in stage 09's README,
+// "The block" and "Causal masking, partial tiles, head dims, general shapes"), and the producer
+// loop and the epilogue of a persistent block, which loops over pieces (taught in stage 10's README,
+// "Persistent blocks"). Stage 09 writes its producer and epilogue out as the lesson; stage 10
+// composes these around its own schedule. The scalars that are a kernel's parameters (the problem's
+// sizes, `causal`, the scale) are taken by reference, so each is read from the parameter space
+// where it is used, as in the kernels that wrote these pieces out: the machine code the measured
+// rows were taken with stays the same. sm_90a only (wgmma_walk.cuh).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "fa/causal.hpp"
+#include "fa/kernel/accumulator_softmax.cuh"
+#include "fa/kernel/launch_order.cuh"
+#include "fa/kernel/tma_ring.cuh"
+#include "fa/kernel/wgmma_epilogue.cuh"
+#include "fa/kernel/wgmma_walk.cuh"
+
+namespace fa::kernel {
+
+// A piece of work: Br = kQueryRows query rows of one (batch, query head), heaviest first under the causal
+// mask (launch_order.cuh), the K/V head of its group, and the K/V tiles it sees (stage 08): all of
+// them, or with the causal mask those its last valid row sees; tiles past that are never loaded.
+// Keys below `unmasked_keys` are visible to every row of the piece, so only tiles reaching past it
+// need the mask. The producer and the consumers compute the same pieces and counts: every tile the
+// producer loads is consumed.
+struct Piece {
+  int query_head;
+  int kv_head;
+  int first_row;
+  int unmasked_keys;
+  int tiles;
+};
+
+template <int kQueryRows, int kKeys>
+__device__ __forceinline__ Piece piece_at(int64_t index, const int& query_tiles, const int& heads_total,
+                                          const int& q_heads, const int& kv_heads, const int& q_seq, const int& kv_seq,
+                                          const bool& causal) {
+  const BlockWork work = block_work(index, query_tiles, heads_total, causal);
+  Piece piece;
+  piece.query_head = static_cast<int>(work.query_head);
+  piece.kv_head = static_cast<int>(kv_head_of(work.query_head, q_heads, kv_heads));
+  piece.first_row = work.query_tile * kQueryRows;
+  const int last_row = min(q_seq, piece.first_row + kQueryRows) - 1;
+  const int key_end = causal ? static_cast<int>(causal_key_end(last_row, q_seq, kv_seq)) : kv_seq;
+  piece.unmasked_keys = causal ? static_cast<int>(causal_key_end(piece.first_row, q_seq, kv_seq)) : kv_seq;
+  piece.tiles = (key_end + kKeys - 1) / kKeys;
+  return piece;
+}
+
+// A consumer thread's running state at the start of a piece: O and its share of l at 0, the running
+// max m at -inf, except for a row that sees no key at all (causal, Nq > Nk): it starts at m = 0
+// (stage 08), so that its exponentials come out 0 rather than NaN. Rows `group` and `group + 8` of
+// the warp whose first query row is `warp_first_row`.
+template <int kDim>
+__device__ __forceinline__ void start_rows(float (&out)[kDim / 2], float (&row_max)[2], float (&row_sum)[2],
+                                           int warp_first_row, int group, const int& q_seq, const int& kv_seq,
+                                           const bool& causal) {
+#pragma unroll
+  for (int i = 0; i < kDim / 2; ++i) out[i] = 0.0f;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = warp_first_row + group + 8 * half;
+    row_max[half] = causal && causal_key_end(row, q_seq, kv_seq) == 0 ? 0.0f : -INFINITY;
+    row_sum[half] = 0.0f;
+  }
+}
+
+// The online softmax on S of the K/V tile whose first key is `key_base` (accumulator_softmax.cuh):
+// the mask only where the tile reaches past the keys every row sees (the diagonal, the partial last
+// tile: its zero-filled keys must weigh nothing, so -inf, never 0), the new running max, the factor
+// O must be rescaled by, P = exp2(S - m) in place, and the running sums.
+template <int kKeys, typename KeyLimit>
+__device__ __forceinline__ void softmax_step(float (&scores)[kKeys / 2], int key_base, int unmasked_keys, int quad,
+                                             KeyLimit key_limit, float (&row_max)[2], float (&row_sum)[2],
+                                             float (&rescale)[2], const float& scale_log2) {
+  if (key_base + kKeys > unmasked_keys) mask_scores<kKeys / kMmaColumns>(scores, key_base, quad, key_limit);
+  online_softmax<kKeys / kMmaColumns>(scores, row_max, row_sum, rescale, scale_log2);
+}
+
+// The producer thread of a persistent block: pieces blockIdx.x, blockIdx.x + gridDim.x, ... (their
+// count `pieces`, each from piece_at(index)). A piece's Q lands in `query_tile` on query_full once
+// the consumers have released the last piece's on query_free (rows past Nq arrive as zeros). Ring
+// tile r, counted over all the block's pieces, goes to slot r % kStages (K tile, then V tile, of
+// kPanels panels of kKvPanelBytes each); K and V have barriers of their own both ways: QKᵀ can start
+// while V is still on its way, and the next K can land while the consumers still multiply by this
+// slot's V. From the second pass on each waits for its release, the phase of parity
+// (r / kStages - 1) % 2 (tma_ring.cuh).
+template <int kStages, int kKeys, int kPanels, int kQueryPanelBytes, int kKvPanelBytes, typename PieceAt>
+__device__ __forceinline__ void produce_pieces(const PieceAt& piece_at, const int& pieces, unsigned char* query_tile,
+                                               unsigned char* ring, const CUtensorMap* query_map,
+                                               const CUtensorMap* key_map, const CUtensorMap* value_map,
+                                               uint64_t* query_full, uint64_t* query_free, uint64_t* key_full,
+                                               uint64_t* value_full, uint64_t* key_free, uint64_t* value_free) {
+  constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
+  constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
+  int ring_tile = 0;
+  int round = 0;
+  for (int64_t index = blockIdx.x; index < pieces; index += gridDim.x, ++round) {
+    const Piece piece = piece_at(index);
+    if (round > 0) barrier_wait(query_free, (round - 1) & 1);
+    barrier_arrive_expect_bytes(query_full, kQueryTileBytes);
+    copy_tile_to_shared<kPanels, kQueryPanelBytes>(query_tile, query_map, query_full, piece.first_row,
+                                                   piece.query_head);
+    for (int tile = 0; tile < piece.tiles; ++tile, ++ring_tile) {
+      const int slot = ring_tile % kStages;
+      const int pass = ring_tile / kStages;
+      const int key_base = tile * kKeys;
+      if (pass > 0) barrier_wait(&key_free[slot], (pass - 1) & 1);
+      barrier_arrive_expect_bytes(&key_full[slot], kKvTileBytes);
+      for (int panel = 0; panel < kPanels; ++panel) {
+        copy_box_to_shared(shared_address(ring + 2 * slot * kKvTileBytes + panel * kKvPanelBytes), key_map,
+                           shared_address(&key_full[slot]), panel * kPanelColumns, key_base, piece.kv_head);
+      }
+      if (pass > 0) barrier_wait(&value_free[slot], (pass - 1) & 1);
+      barrier_arrive_expect_bytes(&value_full[slot], kKvTileBytes);
+      for (int panel = 0; panel < kPanels; ++panel) {
+        copy_box_to_shared(shared_address(ring + (2 * slot + 1) * kKvTileBytes + panel * kKvPanelBytes), value_map,
+                           shared_address(&value_full[slot]), panel * kPanelColumns, key_base, piece.kv_head);
+      }
+    }
+  }
+}
+
+// The epilogue of a consumer warpgroup of a persistent block: O / l staged in its 64 rows of
+// `out_tile` (stage_output_rows; named barrier 1 + consumer), then stored by TMA or element by
+// element. First the staging must be free: the last piece's TMA store has read it (thread 0 issued
+// that store) and every thread of the warpgroup is done with it. The staged rows were written by
+// ordinary stores; TMA reads them (or, staged in the Q tile, overwrites them with the next Q)
+// through the async proxy: each writing thread fences. O staged in the Q tile (kInQueryTile) frees
+// the Q tile on `query_free` once the store has read it. The caller waits for the last piece's
+// store to have read the staging before the block exits.
+template <typename Element, int kDim, int kPanels, int kPanelBytes, bool kInQueryTile>
+__device__ __forceinline__ void write_piece_output(const float (&out)[kDim / 2], const float (&row_max)[2],
+                                                   const float (&row_sum)[2], unsigned char* out_tile, int consumer,
+                                                   int thread, int warp, int lane, int group, int quad, int first_row,
+                                                   const int& q_seq, const int& dim, float* lse, int query_head,
+                                                   const CUtensorMap* out_map, Element* o,
+                                                   const bool& store_by_copy_engine, uint64_t* query_free) {
+  if (store_by_copy_engine && thread == 0) wait_stores_read();
+  sync_threads(1 + consumer, kWarpgroupThreads);
+  stage_output_rows<Element, kDim, kPanelBytes>(out, row_max, row_sum, out_tile, consumer * kMmaRows, warp, group, quad,
+                                                first_row, q_seq, lse, query_head);
+  fence_shared_for_async_proxy();
+  if (store_by_copy_engine) {
+    sync_threads(1 + consumer, kWarpgroupThreads);
+    if (thread == 0 && first_row < q_seq) {
+      store_staged_rows<kPanels, kPanelBytes>(out_map, out_tile, consumer * kMmaRows, first_row, query_head);
+    }
+  } else {
+    sync_threads(1 + consumer, kWarpgroupThreads);
+    copy_staged_rows<Element, kPanelBytes>(o, out_tile, consumer * kMmaRows, thread, first_row, q_seq, dim, query_head);
+  }
+  if (kInQueryTile) {
+    if (store_by_copy_engine && thread == 0) wait_stores_read();
+    sync_threads(1 + consumer, kWarpgroupThreads);
+    release_to_producer(query_free, lane);
+  }
+}
+
+}  // namespace fa::kernel
