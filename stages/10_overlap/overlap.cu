@@ -11,9 +11,9 @@
 //   - Overlap inside a warpgroup: S of the next tile is issued together with O += P·V of the
 //     current one, and the warpgroup waits for S alone (wgmma.wait_group 1) before it computes that
 //     tile's softmax, while P·V is still on the tensor cores. It costs registers: S of the next
-//     tile, P of the current one and O are all live at once. (That is the source's order. ptxas
-//     13.0 moves the wait for P·V up to the start of the softmax: README, "What the compiler made
-//     of it".)
+//     tile, P of the current one and O are all live at once. (ptxas 13.0 keeps that order only
+//     because each loop body opens with the wait for P·V and ends with the softmax: README, "What
+//     the compiler made of it".)
 //   - Ping-pong between warpgroups: the consumer warpgroups take turns to issue their products,
 //     ordered by named barriers (bar.sync to take the turn, bar.arrive to pass it on), so that one
 //     warpgroup's products run while the other computes its softmax.
