@@ -40,11 +40,10 @@
 #include <string>
 #include <type_traits>
 
-#include "fa/causal.hpp"
 #include "fa/cuda_check.hpp"
 #include "fa/device.hpp"
 #include "fa/kernel/accumulator_softmax.cuh"
-#include "fa/kernel/launch_order.cuh"
+#include "fa/kernel/tma_forward.cuh"
 #include "fa/kernel/tma_ring.cuh"
 #include "fa/kernel/tma_stage.cuh"
 #include "fa/kernel/warp.cuh"
@@ -219,24 +218,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   const auto key_slot = [&](int slot) { return ring + slot * kSlotBytes; };
   const auto value_slot = [&](int slot) { return ring + slot * kSlotBytes + T::kKeyTileBytes; };
 
-  struct Piece {
-    int query_head;
-    int kv_head;
-    int first_row;
-    int unmasked_keys;
-    int tiles;
-  };
+  // The pieces, as stage 10's (kernel/tma_forward.cuh).
   const auto piece_at = [&](int64_t index) {
-    const BlockWork work = block_work(index, query_tiles, heads_total, causal);
-    Piece piece;
-    piece.query_head = static_cast<int>(work.query_head);
-    piece.kv_head = static_cast<int>(kv_head_of(work.query_head, q_heads, kv_heads));
-    piece.first_row = work.query_tile * T::kQueryRows;
-    const int last_row = min(q_seq, piece.first_row + T::kQueryRows) - 1;
-    const int key_end = causal ? static_cast<int>(causal_key_end(last_row, q_seq, kv_seq)) : kv_seq;
-    piece.unmasked_keys = causal ? static_cast<int>(causal_key_end(piece.first_row, q_seq, kv_seq)) : kv_seq;
-    piece.tiles = (key_end + T::kKeys - 1) / T::kKeys;
-    return piece;
+    return kernel::piece_at<T::kQueryRows, T::kKeys>(index, query_tiles, heads_total, q_heads, kv_heads, q_seq, kv_seq,
+                                                     causal);
   };
 
   constexpr int kConsumerWarps = T::kConsumers * kWarpgroupThreads / kWarpSize;
@@ -256,6 +241,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (warpgroup == 0) {
     // ---- The producer: stage 10's ring, with 8-bit tiles ----------------------------------------
+    // Written out, not the kit's produce_pieces (tma_forward.cuh): that one copies 64-column
+    // panels into slots of two equal tiles, where Q's and K's panels here are 128 bytes wide and a
+    // slot holds a K tile and a V_qᵀ tile of another shape.
     release_registers<T::kProducerRegisters>();
     if (threadIdx.x == 0) {
       prefetch_tensor_map(&query_map);
@@ -362,14 +350,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       const auto key_limit = [&](int half) {
         return causal ? min(kv_seq, warp_first_row + group + 8 * half + diagonal) : kv_seq;
       };
-#pragma unroll
-      for (int i = 0; i < kDim / 2; ++i) out[i] = 0.0f;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = warp_first_row + group + 8 * half;
-        row_max[half] = causal && causal_key_end(row, q_seq, kv_seq) == 0 ? 0.0f : -INFINITY;
-        row_sum[half] = 0.0f;
-      }
+      start_rows<kDim>(out, row_max, row_sum, warp_first_row, group, q_seq, kv_seq, causal);
       // The piece's Q block is its query tile (Br = 128 rows); each tile's K block its key_base / 128.
       const float query_scale = q_descale[static_cast<int64_t>(piece.query_head) * q_blocks +
                                           piece.first_row / static_cast<int>(kQueryBlock)] *
@@ -453,7 +434,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // ---- The epilogue ------------------------------------------------------------------------
       // O's column d times V's descale of channel d (this thread's columns 8n + 2q, +1); then the
       // kit's epilogue divides by l and stages 16-bit O. l and O both carry 2^kProbabilityShift,
-      // which cancels; the LSE takes m - shift.
+      // which cancels; the LSE takes m - shift. Written out, not the kit's write_piece_output
+      // (tma_forward.cuh): here one barrier precedes the choice of store, where the kit's waits in
+      // each branch, and ptxas schedules the two differently; the measured rows ran this one.
       const float* channel_scales = v_descale + static_cast<int64_t>(piece.kv_head) * kDim;
 #pragma unroll
       for (int n = 0; n < kDim / kMmaColumns; ++n) {

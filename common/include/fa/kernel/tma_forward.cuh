@@ -1,12 +1,13 @@
 // The frame of a warp-specialized TMA forward kernel, around its schedule: the piece a block
 // computes, a consumer warpgroup's running state and its softmax step (taught in stage 09's README,
 // "The block" and "Causal masking, partial tiles, head dims, general shapes"), and the producer
-// loop and the epilogue of a persistent block, which loops over pieces (taught in stage 10's README,
-// "Persistent blocks"). Stage 09 writes its producer and epilogue out as the lesson; stage 10
-// composes these around its own schedule. The scalars that are a kernel's parameters (the problem's
-// sizes, `causal`, the scale) are taken by reference, so each is read from the parameter space
-// where it is used, as in the kernels that wrote these pieces out: the machine code the measured
-// rows were taken with stays the same. sm_90a only (wgmma_walk.cuh).
+// loop and the epilogue of a persistent block, which loops over pieces (taught in stage 10's
+// README, "Persistent blocks"). Stage 09 writes its producer and epilogue out as the lesson; stage
+// 10 composes these around its own schedule; stage 14 the piece and the starting state (its 8-bit
+// tiles and descales take a producer and an epilogue of their own). The scalars that are a kernel's
+// parameters (the problem's sizes, `causal`, the scale) are taken by reference, so each is read
+// from the parameter space where it is used, as in the kernels that wrote these pieces out: the
+// machine code the measured rows were taken with stays the same. sm_90a only (wgmma_walk.cuh).
 #pragma once
 
 #include <cmath>
