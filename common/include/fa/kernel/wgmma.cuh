@@ -113,80 +113,45 @@ __device__ __forceinline__ void fence_registers(unsigned (&registers)[kRows][kCo
 // One instruction: a warpgroup multiplies a 64 x 16 A by a 16 x N B into a 64 x N FP32
 // accumulator, N/2 registers a thread (warp w of the group owns rows 16w .. 16w+15, in the
 // mma.m16n8 layout of stage 08, one 8-column tile after another). The accumulator's operand lists
-// are written out once below: FA_WGMMA_REGISTERS_n, the PTX list {%0, ..., %n-1}, and
-// FA_WGMMA_OPERANDS_n(c, d), which binds d[0 .. n-1] to it with constraint c (FA_WGMMA_READ_WRITE,
-// "+f", to accumulate; FA_WGMMA_WRITE, "=f", to overwrite). The 16-bit products here use N = 64,
-// 128, 256 (32, 64, 128 registers); stage 14's 8-bit ones have the same accumulator layout and
-// also N = 192 (96), so these lists stay defined past this header, for fp8_wgmma.cuh.
+// are built once below from runs of 32 (FA_WGMMA_LIST_*) and 8 (FA_WGMMA_OPERANDS_8):
+// FA_WGMMA_REGISTERS_n, the PTX list {%0, ..., %n-1}, and FA_WGMMA_OPERANDS_n(c, d), which binds
+// d[0 .. n-1] to it with constraint c (FA_WGMMA_READ_WRITE, "+f", to accumulate; FA_WGMMA_WRITE,
+// "=f", to overwrite). The 16-bit products here use N = 64, 128, 256 (32, 64, 128 registers);
+// stage 14's 8-bit ones have the same accumulator layout and also N = 192 (96), so these lists stay
+// defined past this header, for fp8_wgmma.cuh.
 
 // clang-format off
-#define FA_WGMMA_REGISTERS_32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FA_WGMMA_LIST_0_31 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FA_WGMMA_LIST_32_63 \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FA_WGMMA_LIST_64_95 \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define FA_WGMMA_LIST_96_127 \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define FA_WGMMA_REGISTERS_32 "{" FA_WGMMA_LIST_0_31 "}"
+#define FA_WGMMA_REGISTERS_64 "{" FA_WGMMA_LIST_0_31 ", " FA_WGMMA_LIST_32_63 "}"
+#define FA_WGMMA_REGISTERS_96 "{" FA_WGMMA_LIST_0_31 ", " FA_WGMMA_LIST_32_63 ", " FA_WGMMA_LIST_64_95 "}"
+#define FA_WGMMA_REGISTERS_128 \
+  "{" FA_WGMMA_LIST_0_31 ", " FA_WGMMA_LIST_32_63 ", " FA_WGMMA_LIST_64_95 ", " FA_WGMMA_LIST_96_127 "}"
+#define FA_WGMMA_OPERANDS_8(c, d, i) \
+  c(d[i]), c(d[i + 1]), c(d[i + 2]), c(d[i + 3]), c(d[i + 4]), c(d[i + 5]), c(d[i + 6]), c(d[i + 7])
 #define FA_WGMMA_OPERANDS_32(c, d) \
-  c(d[0]), c(d[1]), c(d[2]), c(d[3]), c(d[4]), c(d[5]), c(d[6]), c(d[7]), \
-  c(d[8]), c(d[9]), c(d[10]), c(d[11]), c(d[12]), c(d[13]), c(d[14]), c(d[15]), \
-  c(d[16]), c(d[17]), c(d[18]), c(d[19]), c(d[20]), c(d[21]), c(d[22]), c(d[23]), \
-  c(d[24]), c(d[25]), c(d[26]), c(d[27]), c(d[28]), c(d[29]), c(d[30]), c(d[31])
-
-#define FA_WGMMA_REGISTERS_64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+  FA_WGMMA_OPERANDS_8(c, d, 0), FA_WGMMA_OPERANDS_8(c, d, 8), FA_WGMMA_OPERANDS_8(c, d, 16), \
+  FA_WGMMA_OPERANDS_8(c, d, 24)
 #define FA_WGMMA_OPERANDS_64(c, d) \
-  c(d[0]), c(d[1]), c(d[2]), c(d[3]), c(d[4]), c(d[5]), c(d[6]), c(d[7]), \
-  c(d[8]), c(d[9]), c(d[10]), c(d[11]), c(d[12]), c(d[13]), c(d[14]), c(d[15]), \
-  c(d[16]), c(d[17]), c(d[18]), c(d[19]), c(d[20]), c(d[21]), c(d[22]), c(d[23]), \
-  c(d[24]), c(d[25]), c(d[26]), c(d[27]), c(d[28]), c(d[29]), c(d[30]), c(d[31]), \
-  c(d[32]), c(d[33]), c(d[34]), c(d[35]), c(d[36]), c(d[37]), c(d[38]), c(d[39]), \
-  c(d[40]), c(d[41]), c(d[42]), c(d[43]), c(d[44]), c(d[45]), c(d[46]), c(d[47]), \
-  c(d[48]), c(d[49]), c(d[50]), c(d[51]), c(d[52]), c(d[53]), c(d[54]), c(d[55]), \
-  c(d[56]), c(d[57]), c(d[58]), c(d[59]), c(d[60]), c(d[61]), c(d[62]), c(d[63])
-
-#define FA_WGMMA_REGISTERS_96 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}"
+  FA_WGMMA_OPERANDS_32(c, d), FA_WGMMA_OPERANDS_8(c, d, 32), FA_WGMMA_OPERANDS_8(c, d, 40), \
+  FA_WGMMA_OPERANDS_8(c, d, 48), FA_WGMMA_OPERANDS_8(c, d, 56)
 #define FA_WGMMA_OPERANDS_96(c, d) \
-  c(d[0]), c(d[1]), c(d[2]), c(d[3]), c(d[4]), c(d[5]), c(d[6]), c(d[7]), \
-  c(d[8]), c(d[9]), c(d[10]), c(d[11]), c(d[12]), c(d[13]), c(d[14]), c(d[15]), \
-  c(d[16]), c(d[17]), c(d[18]), c(d[19]), c(d[20]), c(d[21]), c(d[22]), c(d[23]), \
-  c(d[24]), c(d[25]), c(d[26]), c(d[27]), c(d[28]), c(d[29]), c(d[30]), c(d[31]), \
-  c(d[32]), c(d[33]), c(d[34]), c(d[35]), c(d[36]), c(d[37]), c(d[38]), c(d[39]), \
-  c(d[40]), c(d[41]), c(d[42]), c(d[43]), c(d[44]), c(d[45]), c(d[46]), c(d[47]), \
-  c(d[48]), c(d[49]), c(d[50]), c(d[51]), c(d[52]), c(d[53]), c(d[54]), c(d[55]), \
-  c(d[56]), c(d[57]), c(d[58]), c(d[59]), c(d[60]), c(d[61]), c(d[62]), c(d[63]), \
-  c(d[64]), c(d[65]), c(d[66]), c(d[67]), c(d[68]), c(d[69]), c(d[70]), c(d[71]), \
-  c(d[72]), c(d[73]), c(d[74]), c(d[75]), c(d[76]), c(d[77]), c(d[78]), c(d[79]), \
-  c(d[80]), c(d[81]), c(d[82]), c(d[83]), c(d[84]), c(d[85]), c(d[86]), c(d[87]), \
-  c(d[88]), c(d[89]), c(d[90]), c(d[91]), c(d[92]), c(d[93]), c(d[94]), c(d[95])
-
-#define FA_WGMMA_REGISTERS_128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63," \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79," \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95," \
-  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111," \
-  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+  FA_WGMMA_OPERANDS_64(c, d), FA_WGMMA_OPERANDS_8(c, d, 64), FA_WGMMA_OPERANDS_8(c, d, 72), \
+  FA_WGMMA_OPERANDS_8(c, d, 80), FA_WGMMA_OPERANDS_8(c, d, 88)
 #define FA_WGMMA_OPERANDS_128(c, d) \
-  c(d[0]), c(d[1]), c(d[2]), c(d[3]), c(d[4]), c(d[5]), c(d[6]), c(d[7]), \
-  c(d[8]), c(d[9]), c(d[10]), c(d[11]), c(d[12]), c(d[13]), c(d[14]), c(d[15]), \
-  c(d[16]), c(d[17]), c(d[18]), c(d[19]), c(d[20]), c(d[21]), c(d[22]), c(d[23]), \
-  c(d[24]), c(d[25]), c(d[26]), c(d[27]), c(d[28]), c(d[29]), c(d[30]), c(d[31]), \
-  c(d[32]), c(d[33]), c(d[34]), c(d[35]), c(d[36]), c(d[37]), c(d[38]), c(d[39]), \
-  c(d[40]), c(d[41]), c(d[42]), c(d[43]), c(d[44]), c(d[45]), c(d[46]), c(d[47]), \
-  c(d[48]), c(d[49]), c(d[50]), c(d[51]), c(d[52]), c(d[53]), c(d[54]), c(d[55]), \
-  c(d[56]), c(d[57]), c(d[58]), c(d[59]), c(d[60]), c(d[61]), c(d[62]), c(d[63]), \
-  c(d[64]), c(d[65]), c(d[66]), c(d[67]), c(d[68]), c(d[69]), c(d[70]), c(d[71]), \
-  c(d[72]), c(d[73]), c(d[74]), c(d[75]), c(d[76]), c(d[77]), c(d[78]), c(d[79]), \
-  c(d[80]), c(d[81]), c(d[82]), c(d[83]), c(d[84]), c(d[85]), c(d[86]), c(d[87]), \
-  c(d[88]), c(d[89]), c(d[90]), c(d[91]), c(d[92]), c(d[93]), c(d[94]), c(d[95]), \
-  c(d[96]), c(d[97]), c(d[98]), c(d[99]), c(d[100]), c(d[101]), c(d[102]), c(d[103]), \
-  c(d[104]), c(d[105]), c(d[106]), c(d[107]), c(d[108]), c(d[109]), c(d[110]), c(d[111]), \
-  c(d[112]), c(d[113]), c(d[114]), c(d[115]), c(d[116]), c(d[117]), c(d[118]), c(d[119]), \
-  c(d[120]), c(d[121]), c(d[122]), c(d[123]), c(d[124]), c(d[125]), c(d[126]), c(d[127])
+  FA_WGMMA_OPERANDS_96(c, d), FA_WGMMA_OPERANDS_8(c, d, 96), FA_WGMMA_OPERANDS_8(c, d, 104), \
+  FA_WGMMA_OPERANDS_8(c, d, 112), FA_WGMMA_OPERANDS_8(c, d, 120)
 // clang-format on
 
 #define FA_WGMMA_READ_WRITE(x) "+f"(x)
