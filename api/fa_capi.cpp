@@ -229,6 +229,10 @@ int current_device(const std::string& who, int& device, int& capability) {
   cudaError_t code = cudaGetDevice(&device);
   if (code == cudaSuccess) code = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   if (code == cudaSuccess) code = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  // The stages' driver calls (cuTensorMapEncodeTiled) need the device's context current on this
+  // thread, and a thread whose runtime calls so far needed none (PyTorch's autograd worker, say)
+  // has none: setting the device binds its primary context.
+  if (code == cudaSuccess) code = cudaSetDevice(device);
   if (code != cudaSuccess) {
     cudaGetLastError();  // not sticky: leave no stale error for the stage's launch checks
     // No GPU at all reads as the command line says it, not as the runtime's "driver version is

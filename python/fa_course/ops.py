@@ -306,6 +306,7 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, stage, backward_stage, deterministic):
+        ctx.set_materialize_grads(False)  # the LSE's gradient is never read: no zeros made for it
         out, lse = _forward(q, k, v, causal, stage) if _straight(q, k, v) else \
             torch.ops.fa_course.attention.default(q, k, v, causal, stage)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -317,6 +318,8 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, _grad_lse):
+        if grad_out is None:  # only the LSE reached the loss: it is not differentiable
+            return None, None, None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
         deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
         # dO arrives in whatever layout the graph above made (sum().backward() gives an expanded one)

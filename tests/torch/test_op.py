@@ -18,6 +18,7 @@ A half that cannot run here (no PyTorch, no GPU, no backward stage) skips with t
 import importlib.util
 import math
 import os
+import threading
 
 import pytest
 
@@ -203,6 +204,54 @@ class OpChecks:
         assert not lse.requires_grad
         assert lse.dtype == torch.float32
         assert tuple(lse.shape) == (1, 2, 16)
+
+    def test_a_gradient_cut_below_the_output_is_not_an_error(self, ops):
+        """A Function downstream that gives O no gradient: the op's backward receives None (it asks
+        autograd not to make zeros for gradients nobody computed) and passes none on."""
+        class Cut(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.clone()
+
+            @staticmethod
+            def backward(ctx, grad):
+                return None
+
+        q, k, v, _ = make_problem((1, 2, 2, 16, 16, 32), self.dtypes[0], self.device)
+        q.requires_grad_()
+        (Cut.apply(ops.attention(q, k, v)).float().sum() + q.float().sum()).backward()
+        assert torch.equal(q.grad, torch.ones_like(q))
+
+    def test_a_thread_that_made_no_cuda_call_runs_both_passes(self, ops):
+        """PyTorch's autograd worker runs the backward pass on a thread of its own, often before that
+        thread has made a CUDA call that binds the device's context (the Hopper stages build their
+        tensor maps with the driver, which needs one). A fresh thread, served from the allocator's
+        cache, must get what this one gets (the GPU backward in its deterministic mode: the same bits)."""
+        q, k, v, grad_out = make_problem((1, 2, 2, 128, 128, 64), self.dtypes[-1], self.device)
+
+        def both_passes():
+            out, lse = ops.attention_with_lse(q, k, v, True)
+            grads = ops.attention_backward(grad_out, q, k, v, out, lse, True, deterministic=True)
+            return [t.cpu() for t in (out, lse, *grads)]
+
+        expected = both_passes()  # its tensors on the device go back to the cache for the thread's
+        results, errors = [], []
+
+        def on_a_fresh_thread():
+            try:
+                results.append(both_passes())
+            except Exception as error:  # noqa: BLE001 -- reported by the assertion below
+                errors.append(error)
+
+        thread = threading.Thread(target=on_a_fresh_thread)
+        thread.start()
+        thread.join()
+        assert not errors, f"{type(errors[0]).__name__}: {errors[0]}"
+        for name, mine, theirs in zip(("O", "LSE", "dQ", "dK", "dV"), results[0], expected):
+            if self.device == "cpu" and name == "dQ":  # the CPU stage adds dQ by OpenMP atomics, in no fixed order
+                assert torch.allclose(mine, theirs, rtol=1e-5, atol=1e-6), "dQ differs on the fresh thread"
+            else:
+                assert torch.equal(mine, theirs), f"{name} differs on the fresh thread"
 
     def test_torch_compile_fullgraph_without_graph_breaks(self, ops):
         q, k, v, grad_out = make_problem((1, 4, 2, 64, 64, 64), self.dtypes[0], self.device)
