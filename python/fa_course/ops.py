@@ -302,10 +302,12 @@ def _backward_fake(grad_out, q, k, v, out, lse, causal=False, stage="", determin
 
 
 class _Attention(torch.autograd.Function):
-    """Autograd around the two ops (cheaper per call than an autograd kernel registered on the op)."""
+    """Autograd around the two ops (cheaper per call than an autograd kernel registered on the op).
+    `with_lse`: the LSE is an output too (attention_with_lse); otherwise O alone, which saves autograd
+    an output to wrap."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, stage, backward_stage, deterministic):
+    def forward(ctx, q, k, v, causal, stage, backward_stage, deterministic, with_lse):
         ctx.set_materialize_grads(False)  # the LSE's gradient is never read: no zeros made for it
         out, lse = _forward(q, k, v, causal, stage) if _straight(q, k, v) else \
             torch.ops.fa_course.attention.default(q, k, v, causal, stage)
@@ -313,13 +315,15 @@ class _Attention(torch.autograd.Function):
         ctx.causal = causal
         ctx.backward_stage = backward_stage
         ctx.deterministic = deterministic
+        if not with_lse:
+            return out
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
-    def backward(ctx, grad_out, _grad_lse):
-        if grad_out is None:  # only the LSE reached the loss: it is not differentiable
-            return None, None, None, None, None, None, None
+    def backward(ctx, grad_out, *_grad_lse):
+        if grad_out is None:  # O got no gradient (a Function below it gave none): none to pass on
+            return None, None, None, None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
         deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
         # dO arrives in whatever layout the graph above made (sum().backward() gives an expanded one)
@@ -329,20 +333,28 @@ class _Attention(torch.autograd.Function):
         else:
             grad_q, grad_k, grad_v = torch.ops.fa_course.attention_backward.default(
                 grad_out.contiguous(), q, k, v, out, lse, ctx.causal, ctx.backward_stage, deterministic)
-        return grad_q, grad_k, grad_v, None, None, None, None
+        return grad_q, grad_k, grad_v, None, None, None, None, None
+
+
+def _attention(q, k, v, causal, stage, backward_stage, deterministic, with_lse):
+    """attention (with_lse False: O) and attention_with_lse (True: O and the LSE)."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        check_inputs(q, k, v)  # says which is not a tensor
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Attention.apply(q, k, v, bool(causal), stage or "", backward_stage or "", bool(deterministic),
+                                with_lse)
+    if _straight(q, k, v):
+        out, lse = _forward(q, k, v, bool(causal), stage or "")
+    else:
+        out, lse = torch.ops.fa_course.attention.default(q, k, v, bool(causal), stage or "")
+    return (out, lse) if with_lse else out
 
 
 def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                        stage: Optional[str] = None, backward_stage: Optional[str] = None,
                        deterministic: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """(O, LSE): attention (below) and the FP32 log-sum-exp (B, Hq, Nq), which is not differentiable."""
-    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
-        check_inputs(q, k, v)  # says which is not a tensor
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _Attention.apply(q, k, v, bool(causal), stage or "", backward_stage or "", bool(deterministic))
-    if _straight(q, k, v):
-        return _forward(q, k, v, bool(causal), stage or "")
-    return torch.ops.fa_course.attention.default(q, k, v, bool(causal), stage or "")
+    return _attention(q, k, v, causal, stage, backward_stage, deterministic, True)
 
 
 def attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -367,7 +379,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     same from run to run (also when torch.use_deterministic_algorithms(True) is in force when the
     backward pass runs). Raises TypeError or ValueError for a tensor it does not take,
     UnsupportedProblem when no stage takes the problem, FaError when the library fails."""
-    return attention_with_lse(q, k, v, causal, stage, backward_stage, deterministic)[0]
+    return _attention(q, k, v, causal, stage, backward_stage, deterministic, False)
 
 
 __all__ = ["attention", "attention_with_lse", "attention_backward", "chosen_stages", "check_inputs", "UnsupportedProblem", "NAMESPACE",
