@@ -8,12 +8,16 @@ bare C ABI call of the same stage, in one process on one GPU.
 Two measurements, both printed as one table:
 
   host µs per call   at a tiny problem (--tiny, default 1x2x128x64), where the GPU work is shorter
-                     than the host's: the wall time of --calls calls in a row, without
-                     synchronizing, divided by their number (a synchronize before and after, outside
-                     the timed loop). Forward alone, then forward + backward (torch.autograd.grad).
-                     Budgets: the op at most SDPA's + 10 µs (forward) and + 50 µs (forward + backward).
+                     than the host's: the wall time of calls in a row, without synchronizing,
+                     divided by their number (a synchronize before and after, outside the timed
+                     loop). Forward alone, then forward + backward (torch.autograd.grad; a quarter
+                     as many calls). Budgets: the op at most SDPA's + 10 µs (forward) and + 50 µs
+                     (forward + backward).
   event ms per call  at --large (default 8x16x2048x128): CUDA events around each call, the median
-                     of --reps calls after warm-up. Budget: the op within 3 % of the bare call.
+                     of the calls after warm-up. Budget: the op within 3 % of the bare call.
+
+Both in --rounds rounds that take op, SDPA and bare in turn (--calls and --reps split among them);
+each value is the median of its rounds, so that a drift of the machine falls on all three alike.
 
 "bare" is the library's own entry point (fa_forward_v2, fa_backward_v2 through ctypes) on tensors
 allocated once, with its argument struct built once: what a caller pays who does all the work
@@ -52,8 +56,14 @@ def parse_args(argv=None):
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--calls", type=int, default=2000, help="calls per host timing (default: %(default)s)")
     parser.add_argument("--reps", type=int, default=50, help="event-timed calls (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=7,
+                        help="rounds, each timing op, SDPA and bare in turn; a value is the rounds' median "
+                             "(default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a budget is missed")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if min(args.calls, args.reps, args.rounds) < 1:
+        parser.error("--calls, --reps and --rounds take a positive count")
+    return args
 
 
 class Bare:
@@ -123,6 +133,16 @@ def event_ms(torch, call, reps):
     return statistics.median(times)
 
 
+def interleaved(measure, calls, which, rounds):
+    """{name: median over `rounds` of measure(calls[name][which])}, the names taken in turn in each
+    round, so that a drift of the machine (clocks, other load) falls on all of them alike."""
+    values = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, pair in calls.items():
+            values[name].append(measure(pair[which]))
+    return {name: statistics.median(found) for name, found in values.items()}
+
+
 def calls_for(torch, fa_course, shape, dtype, causal):
     """{name: (forward call, forward + backward call)} for the op, SDPA and the bare C ABI calls."""
     batch, heads, seq, dim = shape
@@ -164,11 +184,13 @@ def main(argv=None):
         large, _ = calls_for(torch, fa_course, args.large, dtype, args.causal)
     except (fa_course.LibraryNotFoundError, fa_course.UnsupportedProblem) as error:
         die(str(error))
+    host_calls = max(20, args.calls // args.rounds)
+    event_reps = max(5, args.reps // args.rounds)
     with torch.no_grad():
-        forward_us = {name: host_us(torch, calls[0], args.calls) for name, calls in tiny.items()}
-        forward_ms = {name: event_ms(torch, calls[0], args.reps) for name, calls in large.items()}
-    training_us = {name: host_us(torch, calls[1], args.calls // 4) for name, calls in tiny.items()}
-    training_ms = {name: event_ms(torch, calls[1], args.reps) for name, calls in large.items()}
+        forward_us = interleaved(lambda call: host_us(torch, call, host_calls), tiny, 0, args.rounds)
+        forward_ms = interleaved(lambda call: event_ms(torch, call, event_reps), large, 0, args.rounds)
+    training_us = interleaved(lambda call: host_us(torch, call, max(5, host_calls // 4)), tiny, 1, args.rounds)
+    training_ms = interleaved(lambda call: event_ms(torch, call, event_reps), large, 1, args.rounds)
 
     tiny_text, large_text = ("x".join(map(str, s)) for s in (args.tiny, args.large))
     print(f"{torch.cuda.get_device_name()}; PyTorch {torch.__version__}; {fa_course.load().path}; {args.dtype}"
