@@ -348,7 +348,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  // Read from lane 0, so that the compiler knows each warp has one value: what derives from it (the
+  // consumers' matrix descriptors) stays in uniform registers.
+  const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
   if (warpgroup == 0) {
     // ---- The producer: K and V once, then Q, dO, LSE and D of every step into the ring ----------
     release_registers<kProducerRegisters>();
