@@ -348,7 +348,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  // Read from lane 0, so that the compiler knows each warp has one value: what derives from it (the
+  // consumers' matrix descriptors) stays in uniform registers.
+  const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
   if (warpgroup == 0) {
     // ---- The producer: K and V once, then Q, dO, LSE and D of every step into the ring ----------
     release_registers<kProducerRegisters>();
@@ -452,18 +454,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       // query + Nk − Nq weighs 0; only steps whose tile crosses that diagonal test it. Keys past Nk
       // and queries past Nq need no test: TMA filled K, V, Q and dO there with zeros, and the
       // workspace's LSE of a row past Nq is +inf, so they add nothing to what is kept.
-      const bool masked = causal && key_base + kKeys - 1 - query_base > kv_seq - q_seq;
+      // The loop is written twice, with and without the test, so that a step the diagonal does not
+      // cross runs no compare and no select.
+      const auto probabilities = [&](auto with_mask) {
 #pragma unroll
-      for (int j = 0; j < T::kQueries / kMmaColumns; ++j) {
-        const float2 lse = *reinterpret_cast<const float2*>(slot_lse + j * kMmaColumns + 2 * quad);  // both queries
+        for (int j = 0; j < T::kQueries / kMmaColumns; ++j) {
+          const float2 lse = *reinterpret_cast<const float2*>(slot_lse + j * kMmaColumns + 2 * quad);  // both queries
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int query = j * kMmaColumns + 2 * quad + e % 2;
-          const int key = key_base + warp_key + group + 8 * (e / 2);
-          const bool visible = !masked || key - (query_base + query) <= kv_seq - q_seq;
-          const float row_lse = e % 2 == 0 ? lse.x : lse.y;
-          scores[4 * j + e] = visible ? fast_exp2(fmaf(scores[4 * j + e], scale_log2, -row_lse)) : 0.0f;
+          for (int e = 0; e < 4; ++e) {
+            const int query = j * kMmaColumns + 2 * quad + e % 2;
+            const int key = key_base + warp_key + group + 8 * (e / 2);
+            const bool visible = !decltype(with_mask)::value || key - (query_base + query) <= kv_seq - q_seq;
+            const float row_lse = e % 2 == 0 ? lse.x : lse.y;
+            scores[4 * j + e] = visible ? fast_exp2(fmaf(scores[4 * j + e], scale_log2, -row_lse)) : 0.0f;
+          }
         }
+      };
+      if (causal && key_base + kKeys - 1 - query_base > kv_seq - q_seq) {
+        probabilities(std::true_type{});
+      } else {
+        probabilities(std::false_type{});
       }
       // EXERCISE END
 
