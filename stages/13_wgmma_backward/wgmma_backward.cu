@@ -440,11 +440,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     barrier_wait(kv_full, 0);
 
+    // The step's query head and first query row, stepped along (step_head and step_row without
+    // their division, which cost a reciprocal and some twenty instructions a step).
+    int head = first_query_head;
+    int query_base = first_query_tile * T::kQueries;
+    const int last_query_base = (first_query_tile + query_tiles - 1) * T::kQueries;
 #pragma unroll 1
     for (int step = 0; step < steps; ++step) {
       const int slot = step % T::kStages;
-      const int head = step_head(step);
-      const int query_base = step_row(step);
       unsigned char* query_slot = slot_tile(step);
       unsigned char* grad_out_slot = query_slot + T::kQueryTileBytes;
       const float* slot_lse = row_data + slot * 2 * T::kQueries;
@@ -551,14 +554,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       // dQ's part into the FP32 workspace, unscaled, in the accumulator order (part_place): 16-byte
       // atomic adds (RED.E.ADD.F32x4, the add done in L2), eight a thread, a warp's 512 bytes side by
       // side, and the consumer goes on at once.
-      float* part = grad_q_sum + (static_cast<int64_t>(head) * workspace_head_rows + query_base) * kDim +
-                    consumer * kMmaRows * kPanelColumns;
+      // One address a thread, the eight adds at constant offsets from it (immediates of the atomic).
+      float4* lane_part = reinterpret_cast<float4*>(
+                              grad_q_sum + (static_cast<int64_t>(head) * workspace_head_rows + query_base) * kDim +
+                              consumer * kMmaRows * kPanelColumns) +
+                          thread;
       const auto add_part = [&] {
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
-          atomicAdd(
-              reinterpret_cast<float4*>(part + (t * kWarpgroupThreads + thread) * 4),
-              make_float4(query_grad[4 * t], query_grad[4 * t + 1], query_grad[4 * t + 2], query_grad[4 * t + 3]));
+          atomicAdd(lane_part + t * kWarpgroupThreads, make_float4(query_grad[4 * t], query_grad[4 * t + 1],
+                                                                   query_grad[4 * t + 2], query_grad[4 * t + 3]));
         }
       };
       if constexpr (!kDeterministic) {
@@ -590,6 +595,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_registers(grad_scores);
       barrier_arrive(&slot_free[slot]);
+      if (query_base == last_query_base) {
+        query_base = first_query_tile * T::kQueries;
+        ++head;
+      } else {
+        query_base += T::kQueries;
+      }
     }
     // Nothing runs on the tensor cores any more (said again for ptxas, which cannot tell that the
     // loop ran).
