@@ -206,6 +206,9 @@ __global__ void row_prepare_kernel(const Element* __restrict__ out, const Elemen
                                    const float* __restrict__ lse, float* __restrict__ lse_log2,
                                    float* __restrict__ row_delta, float* __restrict__ grad_q_sum,
                                    int64_t workspace_rows, int q_seq, int workspace_head_rows, int dim) {
+  // The backward kernel may be launched now (programmatic dependent launch): its blocks take SMs as
+  // these blocks leave and load K and V; they wait for this grid's writes before reading any.
+  cudaTriggerProgrammaticLaunchCompletion();
   constexpr int kVector = 8;  // 16-bit elements in 16 bytes
   constexpr int kLanesPerRow = kDim / kVector;
   constexpr int kRowsPerWarp = kWarpSize / kLanesPerRow;
@@ -258,6 +261,7 @@ __global__ void scale_grad_query_kernel(const float4* __restrict__ accumulated, 
                                         int64_t float4s, int q_seq, int workspace_head_rows, int dim, float scale) {
   using T = Tiling<kDim>;
   constexpr int kTileFloat4s = T::kQueries * kDim / 4;
+  cudaGridDependencySynchronize();  // launched early (programmatic dependent launch): dQ's sum is whole now
   const int64_t first_index = static_cast<int64_t>(blockIdx.x) * blockDim.x * kConvertFloat4s + threadIdx.x;
   float4 sums[kConvertFloat4s];
 #pragma unroll
@@ -348,6 +352,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
+  // The last kernel (dQ's conversion) may be launched once every block has started; it waits for
+  // this grid to finish before it reads anything.
+  cudaTriggerProgrammaticLaunchCompletion();
   // Read from lane 0, so that the compiler knows each warp has one value: what derives from it (the
   // consumers' matrix descriptors) stays in uniform registers.
   const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
@@ -366,6 +373,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         copy_box_to_shared(shared_address(value_tile + panel * T::kKvPanelBytes), &value_map, shared_address(kv_full),
                            panel * kPanelColumns, key_base, kv_head);
       }
+      // K and V are inputs; the LSE and D are the preprocessing's, which may still be running.
+      cudaGridDependencySynchronize();
       for (int step = 0; step < steps; ++step) {
         const int slot = step % T::kStages;
         // Pass n of the ring reuses the slot once the consumers have freed it from pass n − 1.
@@ -390,6 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     // ---- The consumers: 64 keys each -----------------------------------------------------------
     claim_registers<kConsumerRegisters>();
+    cudaGridDependencySynchronize();  // dQ's sum is cleared before this block's first addition
     const int consumer = warpgroup - 1;
     const int thread = threadIdx.x % kWarpgroupThreads;
     const int warp = thread / kWarpSize;
@@ -430,11 +440,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     barrier_wait(kv_full, 0);
 
+    // The step's query head and first query row, stepped along (step_head and step_row without
+    // their division, which cost a reciprocal and some twenty instructions a step).
+    int head = first_query_head;
+    int query_base = first_query_tile * T::kQueries;
+    const int last_query_base = (first_query_tile + query_tiles - 1) * T::kQueries;
 #pragma unroll 1
     for (int step = 0; step < steps; ++step) {
       const int slot = step % T::kStages;
-      const int head = step_head(step);
-      const int query_base = step_row(step);
       unsigned char* query_slot = slot_tile(step);
       unsigned char* grad_out_slot = query_slot + T::kQueryTileBytes;
       const float* slot_lse = row_data + slot * 2 * T::kQueries;
@@ -541,14 +554,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       // dQ's part into the FP32 workspace, unscaled, in the accumulator order (part_place): 16-byte
       // atomic adds (RED.E.ADD.F32x4, the add done in L2), eight a thread, a warp's 512 bytes side by
       // side, and the consumer goes on at once.
-      float* part = grad_q_sum + (static_cast<int64_t>(head) * workspace_head_rows + query_base) * kDim +
-                    consumer * kMmaRows * kPanelColumns;
+      // One address a thread, the eight adds at constant offsets from it (immediates of the atomic).
+      float4* lane_part = reinterpret_cast<float4*>(
+                              grad_q_sum + (static_cast<int64_t>(head) * workspace_head_rows + query_base) * kDim +
+                              consumer * kMmaRows * kPanelColumns) +
+                          thread;
       const auto add_part = [&] {
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
-          atomicAdd(
-              reinterpret_cast<float4*>(part + (t * kWarpgroupThreads + thread) * 4),
-              make_float4(query_grad[4 * t], query_grad[4 * t + 1], query_grad[4 * t + 2], query_grad[4 * t + 3]));
+          atomicAdd(lane_part + t * kWarpgroupThreads, make_float4(query_grad[4 * t], query_grad[4 * t + 1],
+                                                                   query_grad[4 * t + 2], query_grad[4 * t + 3]));
         }
       };
       if constexpr (!kDeterministic) {
@@ -580,6 +595,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_registers(grad_scores);
       barrier_arrive(&slot_free[slot]);
+      if (query_base == last_query_base) {
+        query_base = first_query_tile * T::kQueries;
+        ++head;
+      } else {
+        query_base += T::kQueries;
+      }
     }
     // Nothing runs on the tensor cores any more (said again for ptxas, which cannot tell that the
     // loop ran).
@@ -642,6 +663,26 @@ int64_t workspace_bytes(const Problem& problem, Pass pass) {
   return own_kernels_take(problem) ? std::max(workspace_layout(problem).bytes(), fallback) : fallback;
 }
 
+// A launch that may start while the kernel before it in the stream still runs (programmatic
+// dependent launch): the kernel calls cudaGridDependencySynchronize() before it reads what that
+// one writes, and the one before calls cudaTriggerProgrammaticLaunchCompletion() to let it start.
+struct EarlyLaunch {
+  EarlyLaunch(unsigned blocks, int threads, int shared_bytes, cudaStream_t stream) {
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.gridDim = dim3(blocks);
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    config.dynamicSmemBytes = static_cast<std::size_t>(shared_bytes);
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  EarlyLaunch(const EarlyLaunch&) = delete;  // config points at attribute
+  EarlyLaunch& operator=(const EarlyLaunch&) = delete;
+  cudaLaunchAttribute attribute{};
+  cudaLaunchConfig_t config{};
+};
+
 template <typename Element, int kDim, bool kDeterministic>
 Status launch(const BackwardArgs& args) {
   using T = Tiling<kDim>;
@@ -667,7 +708,11 @@ Status launch(const BackwardArgs& args) {
   FA_STATUS_TRY(kernel::encode_matrix_stack(value_map, kBf16, args.v, problem.dim, problem.kv_seq,
                                             problem.kv_heads_total(), kPanelColumns, kKeys));
 
-  // 1. D_i = rowsum(dO ∘ O) and the LSE in log2 units; dQ's sum cleared (and the turns).
+  // 1. D_i = rowsum(dO ∘ O) and the LSE in log2 units; dQ's sum cleared (and the turns, first, so
+  // that the preprocessing is the kernel just before the backward's: it may launch early).
+  if constexpr (kDeterministic) {
+    FA_CUDA_TRY(cudaMemsetAsync(turns, 0, static_cast<std::size_t>(layout.turn_count) * 4, args.stream));
+  }
   constexpr int kPrepareWarps = 8;
   constexpr int kRowsPerWarp = kWarpSize / (kDim / 8);
   const int64_t workspace_rows = layout.row_floats;
@@ -677,9 +722,6 @@ Status launch(const BackwardArgs& args) {
       static_cast<const Element*>(args.o), static_cast<const Element*>(args.grad_o), args.lse, lse_log2, row_delta,
       grad_q_sum, workspace_rows, static_cast<int>(problem.q_seq), head_rows, static_cast<int>(problem.dim));
   FA_LAUNCH_TRY();
-  if constexpr (kDeterministic) {
-    FA_CUDA_TRY(cudaMemsetAsync(turns, 0, static_cast<std::size_t>(layout.turn_count) * 4, args.stream));
-  }
 
   // 2. One block per (key tile, K/V head): dK, dV, and dQ's shares.
   const auto kernel = &backward_kernel<Element, kDim, kDeterministic>;
@@ -688,23 +730,24 @@ Status launch(const BackwardArgs& args) {
   const int64_t blocks = key_tiles * problem.kv_heads_total();
   FA_STATUS_TRY(check_grid(blocks));
   const float scale = softmax_scale(problem);
-  kernel<<<static_cast<unsigned>(blocks), kThreads, T::kSharedBytes, args.stream>>>(
-      query_map, grad_out_map, key_map, value_map, lse_log2, row_delta, grad_q_sum, turns,
-      static_cast<Element*>(args.grad_k), static_cast<Element*>(args.grad_v), static_cast<int>(problem.q_seq),
+  const EarlyLaunch backward_launch(static_cast<unsigned>(blocks), kThreads, T::kSharedBytes, args.stream);
+  FA_CUDA_TRY(cudaLaunchKernelEx(
+      &backward_launch.config, kernel, query_map, grad_out_map, key_map, value_map, lse_log2, row_delta, grad_q_sum,
+      turns, static_cast<Element*>(args.grad_k), static_cast<Element*>(args.grad_v), static_cast<int>(problem.q_seq),
       static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim), head_rows, static_cast<int>(key_tiles),
       static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads), static_cast<int>(problem.kv_heads_total()),
-      problem.causal, scale, scale * kernel::kLog2e);
-  FA_LAUNCH_TRY();
+      problem.causal, scale, scale * kernel::kLog2e));
 
   // 3. dQ = scale · the sum, rounded to the element type.
   constexpr int kConvertThreads = 256;
   const int64_t float4s = layout.grad_q_floats / 4;
   constexpr int kConvertBlockFloat4s = kConvertThreads * kConvertFloat4s;
-  scale_grad_query_kernel<Element, kDim>
-      <<<static_cast<unsigned>((float4s + kConvertBlockFloat4s - 1) / kConvertBlockFloat4s), kConvertThreads, 0,
-         args.stream>>>(reinterpret_cast<const float4*>(grad_q_sum), static_cast<Element*>(args.grad_q), float4s,
-                        static_cast<int>(problem.q_seq), head_rows, static_cast<int>(problem.dim), scale);
-  FA_LAUNCH_TRY();
+  const EarlyLaunch convert_launch(static_cast<unsigned>((float4s + kConvertBlockFloat4s - 1) / kConvertBlockFloat4s),
+                                   kConvertThreads, 0, args.stream);
+  FA_CUDA_TRY(cudaLaunchKernelEx(&convert_launch.config, &scale_grad_query_kernel<Element, kDim>,
+                                 reinterpret_cast<const float4*>(grad_q_sum), static_cast<Element*>(args.grad_q),
+                                 float4s, static_cast<int>(problem.q_seq), head_rows, static_cast<int>(problem.dim),
+                                 scale));
   return Status();
 }
 
