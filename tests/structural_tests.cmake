@@ -151,9 +151,10 @@ fa_add_spill_test(NAME "stage12: the wgmma kernel spills nothing to local memory
 # Sᵀ and dPᵀ with both operands K-major in shared memory, dV and dK with Pᵀ and dSᵀ as register A
 # operands and dO, Q read MN-major, dQ with both operands read MN-major), the TMA ring and the bulk
 # copies of a step's LSE and D, the register hand-over, the proxy fence before wgmma reads dSᵀ,
-# dQ's 16-byte atomic adds from the accumulators, and the acquire loads of the deterministic mode's
-# turn counters.
-fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the TMA ring, setmaxnreg and dQ's 16-byte atomic adds (sm_90a)"
+# dQ's 16-byte atomic adds from the accumulators, the acquire loads of the deterministic mode's
+# turn counters, and the programmatic dependent launch of the three kernels (each lets the next one
+# start, each waits before reading what the one before wrote).
+fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the TMA ring, setmaxnreg, dQ's 16-byte atomic adds and the dependent launch (sm_90a)"
   STAGE 13_wgmma_backward SOURCE wgmma_backward.cu ARCH 90a
   PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k16\\.f32\\.f16\\.f16 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1, 0, 0"
   PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k16\\.f32\\.bf16\\.bf16 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1, 0, 0"
@@ -166,7 +167,8 @@ fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the
   PATTERN "mbarrier\\.try_wait\\.parity\\.shared::cta\\.b64"
   PATTERN "setmaxnreg\\.dec\\.sync\\.aligned\\.u32 24" PATTERN "setmaxnreg\\.inc\\.sync\\.aligned\\.u32 240"
   PATTERN "fence\\.proxy\\.async\\.shared::cta"
-  PATTERN "(red|atom)\\.global\\.add\\.v4\\.f32" PATTERN "ld\\.acquire\\.gpu\\.global\\.b32")
+  PATTERN "(red|atom)\\.global\\.add\\.v4\\.f32" PATTERN "ld\\.acquire\\.gpu\\.global\\.b32"
+  PATTERN "griddepcontrol\\.launch_dependents" PATTERN "griddepcontrol\\.wait")
 # dK and dV (128 FP32 registers a thread at D = 128), Sᵀ, dPᵀ and their 16-bit copies live in
 # registers: no kernel may spill.
 fa_add_spill_test(NAME "stage13: ptxas spills nothing to local memory (sm_90a)"
