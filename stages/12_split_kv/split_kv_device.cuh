@@ -1,7 +1,7 @@
 // Stage 12's device code shared by its two split kernels, split_kv_kernel (split_kv.cu: mma.sync,
 // sm_80 on) and wgmma_split_kernel (split_kv_wgmma.cu: wgmma, sm_90a): which rows and keys a block
-// takes, the mask and the online softmax on FP32 accumulator fragments, the block's rows written
-// out, and programmatic dependent launch. Both kernels hold S and O in the same fragment layout
+// takes, the mask and the online softmax on FP32 accumulator fragments, and the block's rows
+// written out. Both kernels hold S and O in the same fragment layout
 // (stage 08's mma.m16n8 tile: wgmma's accumulators are that layout, warp by warp), one 8-column
 // tile after another: element 4j + e of a thread's array is row `group` (e < 2) or `group + 8`
 // (e >= 2), column 8j + 2·quad + e % 2, where group = lane / 4 and quad = lane % 4.
@@ -16,6 +16,7 @@
 #include "fa/cuda_check.hpp"
 #include "fa/kernel/convert.cuh"
 #include "fa/kernel/cp_async.cuh"
+#include "fa/kernel/dependent_launch.cuh"
 #include "fa/kernel/exp2.cuh"
 #include "fa/kernel/warp.cuh"
 #include "fa/launch.hpp"
@@ -27,6 +28,8 @@ namespace fa::stages::split_kv {
 using kernel::kFullWarp;
 using kernel::kLn2;
 using kernel::kWarpSize;
+using kernel::launch_dependents;  // programmatic dependent launch (kernel/dependent_launch.cuh)
+using kernel::wait_for_prerequisite;
 constexpr int kAccumulatorColumns = 8;  // columns of one FP32 accumulator tile: the N of mma.m16n8k16
 
 // Copies kRows rows of a (rows × dim) matrix of 16-bit elements into a tile, one 16-byte cp.async a
@@ -209,24 +212,6 @@ __device__ __forceinline__ void write_rows(const float (&out)[kDim / 2], const f
       partial_lse[partial_row] = log2_sum_exp;
     }
   }
-}
-
-// Programmatic dependent launch (sm_90 on). A kernel launched with the attribute
-// cudaLaunchAttributeProgrammaticStreamSerialization may start before the kernel ahead of it on the
-// stream has finished: as soon as every block of that kernel has called launch_dependents (or
-// exited). Before it reads what that kernel wrote it calls wait_for_prerequisite, which returns once
-// that kernel has finished and its writes are visible. On older GPUs both are no-ops, and the launch
-// is an ordinary one.
-__device__ __forceinline__ void launch_dependents() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void wait_for_prerequisite() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
 }
 
 // Host side: launches a split kernel of either kind (both take these parameters) on split_grid's

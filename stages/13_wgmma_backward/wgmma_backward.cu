@@ -43,6 +43,7 @@
 
 #include "fa/cuda_check.hpp"
 #include "fa/kernel/convert.cuh"
+#include "fa/kernel/dependent_launch.cuh"
 #include "fa/kernel/exp2.cuh"
 #include "fa/kernel/launch_order.cuh"
 #include "fa/kernel/mbarrier.cuh"
@@ -84,7 +85,9 @@ using kernel::kSwizzleBytes;
 using kernel::kSwizzleRows;
 using kernel::kWarpgroupThreads;
 using kernel::kWarpSize;
+using kernel::launch_dependents;
 using kernel::pack_pair;
+using kernel::wait_for_prerequisite;
 
 constexpr int kKeys = 128;     // Bc: the keys of a block, two consumer warpgroups of 64
 constexpr int kConsumers = 2;  // consumer warpgroups
@@ -208,7 +211,7 @@ __global__ void row_prepare_kernel(const Element* __restrict__ out, const Elemen
                                    int64_t workspace_rows, int q_seq, int workspace_head_rows, int dim) {
   // The backward kernel may be launched now (programmatic dependent launch): its blocks take SMs as
   // these blocks leave and load K and V; they wait for this grid's writes before reading any.
-  cudaTriggerProgrammaticLaunchCompletion();
+  launch_dependents();
   constexpr int kVector = 8;  // 16-bit elements in 16 bytes
   constexpr int kLanesPerRow = kDim / kVector;
   constexpr int kRowsPerWarp = kWarpSize / kLanesPerRow;
@@ -261,7 +264,7 @@ __global__ void scale_grad_query_kernel(const float4* __restrict__ accumulated, 
                                         int64_t float4s, int q_seq, int workspace_head_rows, int dim, float scale) {
   using T = Tiling<kDim>;
   constexpr int kTileFloat4s = T::kQueries * kDim / 4;
-  cudaGridDependencySynchronize();  // launched early (programmatic dependent launch): dQ's sum is whole now
+  wait_for_prerequisite();  // launched early (programmatic dependent launch): dQ's sum is whole now
   const int64_t first_index = static_cast<int64_t>(blockIdx.x) * blockDim.x * kConvertFloat4s + threadIdx.x;
   float4 sums[kConvertFloat4s];
 #pragma unroll
@@ -354,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // The last kernel (dQ's conversion) may be launched once every block has started; it waits for
   // this grid to finish before it reads anything.
-  cudaTriggerProgrammaticLaunchCompletion();
+  launch_dependents();
   // Read from lane 0, so that the compiler knows each warp has one value: what derives from it (the
   // consumers' matrix descriptors) stays in uniform registers.
   const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
@@ -374,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                            panel * kPanelColumns, key_base, kv_head);
       }
       // K and V are inputs; the LSE and D are the preprocessing's, which may still be running.
-      cudaGridDependencySynchronize();
+      wait_for_prerequisite();
       for (int step = 0; step < steps; ++step) {
         const int slot = step % T::kStages;
         // Pass n of the ring reuses the slot once the consumers have freed it from pass n − 1.
@@ -399,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     // ---- The consumers: 64 keys each -----------------------------------------------------------
     claim_registers<kConsumerRegisters>();
-    cudaGridDependencySynchronize();  // dQ's sum is cleared before this block's first addition
+    wait_for_prerequisite();  // dQ's sum is cleared before this block's first addition
     const int consumer = warpgroup - 1;
     const int thread = threadIdx.x % kWarpgroupThreads;
     const int warp = thread / kWarpSize;
@@ -664,8 +667,8 @@ int64_t workspace_bytes(const Problem& problem, Pass pass) {
 }
 
 // A launch that may start while the kernel before it in the stream still runs (programmatic
-// dependent launch): the kernel calls cudaGridDependencySynchronize() before it reads what that
-// one writes, and the one before calls cudaTriggerProgrammaticLaunchCompletion() to let it start.
+// dependent launch): the kernel calls wait_for_prerequisite() before it reads what that one
+// writes, and the one before calls launch_dependents() to let it start (kernel/dependent_launch.cuh).
 struct EarlyLaunch {
   EarlyLaunch(unsigned blocks, int threads, int shared_bytes, cudaStream_t stream) {
     attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
