@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   }
   __syncthreads();  // the last block-wide barrier: from here on the roles go their own ways
 
-  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  const int warpgroup = uniform_warpgroup();  // kernel/wgmma.cuh: the descriptors stay uniform
   if (warpgroup == 0) {
     // ---- The producer ------------------------------------------------------------------------
     // It computes addresses and waits on barriers: 24 registers a thread are plenty. The registers

@@ -358,9 +358,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The last kernel (dQ's conversion) may be launched once every block has started; it waits for
   // this grid to finish before it reads anything.
   launch_dependents();
-  // Read from lane 0, so that the compiler knows each warp has one value: what derives from it (the
-  // consumers' matrix descriptors) stays in uniform registers.
-  const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
+  const int warpgroup = uniform_warpgroup();  // kernel/wgmma.cuh: the descriptors stay uniform
   if (warpgroup == 0) {
     // ---- The producer: K and V once, then Q, dO, LSE and D of every step into the ring ----------
     release_registers<kProducerRegisters>();

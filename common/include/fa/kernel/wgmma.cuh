@@ -18,6 +18,14 @@ constexpr int kWarpgroupThreads = 128;  // four consecutive warps, the first at 
 
 // ---- Warp specialization -------------------------------------------------------------------
 
+// This thread's warpgroup, read from lane 0: the compiler then knows that a warp holds one value, and
+// what derives from it (a consumer's matrix descriptors) stays in uniform registers, where wgmma
+// reads them; from threadIdx.x alone every descriptor is moved over (R2UR) before each wgmma
+// (stage 13's README, "Tried and dropped", where it was measured first).
+__device__ __forceinline__ int uniform_warpgroup() {
+  return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
+}
+
 // setmaxnreg: the warpgroup gives registers back to the SM's pool (decrease) or takes them from it
 // (increase, waiting until the pool has them). Every thread of the warpgroup executes the same one.
 // It takes effect only in a kernel with a register cap at entry (__launch_bounds__(threads, 1)),
