@@ -11,10 +11,11 @@
 # spill stores and loads: for a stage that keeps its working set in registers.
 #
 # fa_add_sass_test(NAME <test name> STAGE <stage id> SOURCE <.cu file name> ARCH <sm number>
-#                  SCRIPT <python script>)
+#                  SCRIPT <python script> [ARGS <more arguments>...])
 #
-# Assembles the same PTX and runs SCRIPT on it (--ptxas, --ptx, --arch, --root): for a stage whose
-# idea shows only in the machine code ptxas makes of it (the script reads the SASS with cuobjdump).
+# Assembles the same PTX and runs SCRIPT on it (--ptxas, --ptx, --arch, --root, then ARGS): for a
+# stage whose idea shows only in the machine code ptxas makes of it (the script reads the SASS with
+# cuobjdump).
 set(FA_GREP_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/GrepFile.cmake)
 set(FA_NO_SPILLS_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/NoSpills.cmake)
 
@@ -62,7 +63,7 @@ function(fa_add_spill_test)
 endfunction()
 
 function(fa_add_sass_test)
-  cmake_parse_arguments(PARSE_ARGV 0 ARG "" "NAME;STAGE;SOURCE;ARCH;SCRIPT" "")
+  cmake_parse_arguments(PARSE_ARGV 0 ARG "" "NAME;STAGE;SOURCE;ARCH;SCRIPT" "ARGS")
   fa_stage_ptx(ptx ${ARG_STAGE} ${ARG_SOURCE} ${ARG_ARCH})
   if(ptx)
     get_filename_component(cuda_bin ${CMAKE_CUDA_COMPILER} DIRECTORY)
@@ -70,6 +71,6 @@ function(fa_add_sass_test)
     find_package(Python3 COMPONENTS Interpreter REQUIRED)
     add_test(NAME "${ARG_NAME}"
              COMMAND ${Python3_EXECUTABLE} ${ARG_SCRIPT} --ptxas ${FA_PTXAS} --ptx ${ptx} --arch ${ARG_ARCH}
-                     --root ${PROJECT_SOURCE_DIR})
+                     --root ${PROJECT_SOURCE_DIR} ${ARG_ARGS})
   endif()
 endfunction()

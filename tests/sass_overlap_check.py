@@ -4,9 +4,11 @@ between the wait for S (WARPGROUP.DEPBAR.LE gsb0, 0x1: P·V may still run) and t
 (WARPGROUP.DEPBAR.LE gsb0, 0x0). Assembles the stage's PTX with ptxas, disassembles it with
 cuobjdump (PyPI: nvidia-cuda-cuobjdump with nvidia-cuda-nvdisasm, in requirements.txt), and counts the MUFU.EX2 after each
 wait for S up to the next wait for P·V. Fails when a kernel has no such wait, or when the count
-after every one of them is zero (ptxas hoisted the wait above the exponentials).
+after every one of them is zero (ptxas hoisted the wait above the exponentials). The kernels of the
+head dims named by --plain-dims run the round without the overlap (Tiling::kOverlap false): they
+must wait for both products at once and never for S alone.
 
-  sass_overlap_check.py --ptxas PTXAS --ptx FILE --arch 90a [--root REPO]
+  sass_overlap_check.py --ptxas PTXAS --ptx FILE --arch 90a [--plain-dims 64] [--root REPO]
 """
 import argparse
 import glob
@@ -36,6 +38,7 @@ def main():
     parser.add_argument("--ptxas", required=True)
     parser.add_argument("--ptx", required=True)
     parser.add_argument("--arch", required=True)
+    parser.add_argument("--plain-dims", default="", help="comma-separated head dims whose kernels do not overlap")
     parser.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     args = parser.parse_args()
     cuobjdump = find_cuobjdump(args.ptxas, args.root)
@@ -60,10 +63,19 @@ def main():
             kernels[name] = []
         elif name and re.search(r"/\*[0-9a-f]{4}\*/", line):
             kernels[name].append(line)
+    plain_dims = [int(dim) for dim in args.plain_dims.split(",") if dim]
     checked = 0
     failed = False
     for name, lines in kernels.items():
         if "attention_kernel" not in name:
+            continue
+        checked += 1
+        if any(f"Li{dim}E" in name for dim in plain_dims):  # the kernel's head-dim template argument
+            waits_for_s = sum("WARPGROUP.DEPBAR.LE gsb0, 0x1" in line for line in lines)
+            waits_for_both = sum("WARPGROUP.DEPBAR.LE gsb0, 0x0" in line for line in lines)
+            verdict = "ok" if waits_for_s == 0 and waits_for_both > 0 else "FAILED"
+            failed |= verdict != "ok"
+            print(f"{verdict}: {name}: plain round: {waits_for_s} waits for S alone, {waits_for_both} for both")
             continue
         counts = []
         inside = None
@@ -75,7 +87,6 @@ def main():
                 inside = None
             elif "MUFU.EX2" in line and inside is not None:
                 inside += 1
-        checked += 1
         verdict = "ok" if counts and max(counts) > 0 else "FAILED"
         failed |= verdict != "ok"
         print(f"{verdict}: {name}: MUFU.EX2 between the wait for S and the wait for P·V: {counts or 'no such wait'}")

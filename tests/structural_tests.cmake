@@ -100,12 +100,15 @@ fa_add_structural_test(NAME "stage10: PTX overlaps S with P·V (wait_group 1) an
   PATTERN "setmaxnreg\\.inc\\.sync\\.aligned\\.u32 240")
 fa_add_spill_test(NAME "stage10: ptxas spills nothing to local memory (sm_90a)"
   STAGE 10_overlap SOURCE overlap.cu ARCH 90a)
-# The overlap as the machine runs it: in every stage-10 kernel the softmax's exponentials lie
-# between the wait for S (wgmma.wait_group 1, P·V still running) and the wait for P·V. ptxas 13.0
-# hoisted that wait above them while both shared a basic block (stage 10's README, "What the
-# compiler made of it"); the test reads the SASS (cuobjdump, PyPI nvidia-cuda-cuobjdump).
+# The overlap as the machine runs it: in every stage-10 kernel of D = 128 and 256 the softmax's
+# exponentials lie between the wait for S (wgmma.wait_group 1, P·V still running) and the wait for
+# P·V. ptxas 13.0 hoisted that wait above them while both shared a basic block (stage 10's README,
+# "What the compiler made of it"); the test reads the SASS (cuobjdump, PyPI nvidia-cuda-cuobjdump).
+# The D = 64 kernels run three consumers without the overlap (Tiling::kOverlap): they must wait for
+# both products at once, never for S alone.
 fa_add_sass_test(NAME "stage10: SASS runs the softmax's exponentials between the wait for S and the wait for P·V (sm_90a)"
-  STAGE 10_overlap SOURCE overlap.cu ARCH 90a SCRIPT ${PROJECT_SOURCE_DIR}/tests/sass_overlap_check.py)
+  STAGE 10_overlap SOURCE overlap.cu ARCH 90a SCRIPT ${PROJECT_SOURCE_DIR}/tests/sass_overlap_check.py
+  ARGS --plain-dims 64)
 # Stage 12 needs sm_80: stage 08's mma.sync, ldmatrix and cp.async, now in a split-KV kernel of each
 # head-dim bucket (64, 128, 256) beside the merge kernel; up to D = 128 also the kernel whose warps
 # split the keys (Lb1ELb1E: async copies, keys across warps), and the merge whose four warps share a

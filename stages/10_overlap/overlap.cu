@@ -13,7 +13,7 @@
 //     tile's softmax, while P·V is still on the tensor cores. It costs registers: S of the next
 //     tile, P of the current one and O are all live at once. (ptxas 13.0 keeps that order only
 //     because each loop body opens with the wait for P·V and ends with the softmax: README, "What
-//     the compiler made of it".)
+//     the compiler made of it".) At D = 64 three warpgroups without it keep the tensor cores busier.
 //   - Ping-pong between warpgroups: the consumer warpgroups take turns to issue their products,
 //     ordered by named barriers (bar.sync to take the turn, bar.arrive to pass it on), so that one
 //     warpgroup's products run while the other computes its softmax.
@@ -86,14 +86,20 @@ constexpr int kTurnBarrier = 4;
 // the rest follows; the static_asserts say when a choice cannot work.
 template <int kDim>
 struct Tiling {
+  // Whether a warpgroup overlaps its softmax with its own P·V (README, "Overlap inside a
+  // warpgroup"). It needs S, O, P and the next P in registers at once: two consumers hold them.
+  // At D = 64, where a tile has half the FLOPs per score, three consumers keep the tensor cores
+  // busier than the overlap does, and three (160 registers a thread) cannot hold the next P (ptxas
+  // then serializes the wgmma): there a round waits for both products before its softmax, and the
+  // other two warpgroups' products fill the gap (README, "What the compiler made of it").
+  static constexpr bool kOverlap = kDim > 64;
   // Consumer warpgroups of 64 query rows each (Br = 64 per consumer) and one producer warpgroup, of
   // which one thread issues every copy. Keys per K/V tile (Bc) and tiles in the ring: at D = 128 two
-  // consumers (Br = 128), 128-key tiles, two stages (160 KB of shared memory); at D = 64 two
-  // consumers too (three, at 160 registers a thread, cannot hold S, O, P and the next P: ptxas then
-  // serializes the wgmma) and three stages; at D = 256 the O accumulators take 128 registers a thread,
-  // so S gets 64 keys (32 registers), and two stages of 64-key tiles beside the 64 KB Q tile fill
-  // 192 KB.
-  static constexpr int kConsumers = 2;
+  // consumers (Br = 128), 128-key tiles, two stages (160 KB of shared memory); at D = 64 three
+  // consumers (Br = 192) and three stages; at D = 256 the O accumulators take 128 registers a
+  // thread, so S gets 64 keys (32 registers), and two stages of 64-key tiles beside the 64 KB Q
+  // tile fill 192 KB.
+  static constexpr int kConsumers = kOverlap ? 2 : 3;
   static constexpr int kKeys = kDim <= 128 ? 128 : 64;
   static constexpr int kStages = kDim <= 64 ? 3 : 2;
   // setmaxnreg: the producer warpgroup gives back all but 24 registers a thread, the consumers take
@@ -359,14 +365,38 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         pack_probabilities<Element>(scores, probs);
         release(&key_free[ring_tile % T::kStages]);
       }
-      if (tiles > 1) {
-        issue_round(1);
+      // Without the overlap (D = 64): a round issues S of tile t and P·V of tile t - 1 as above, then
+      // waits for both before the softmax of tile t, which writes P in place.
+      const auto plain_round = [&](int tile) {
+        const int r = ring_tile + tile;
+        take_turn();
+        issue_scores_of(r);
+#pragma unroll
+        for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];  // by the factor of tile - 1
+        issue_values_of(r - 1);
+        pass_turn();
+        wgmma_wait<0>();
+        fence_registers(scores);
+        fence_registers(out);
+        fence_registers(probs);
+        softmax(tile, rescale);
+        pack_probabilities<Element>(scores, probs);
+        release(&key_free[r % T::kStages]);
+        release(&value_free[(r - 1) % T::kStages]);
+      };
+      if constexpr (T::kOverlap) {
+        if (tiles > 1) {
+          issue_round(1);
 #pragma unroll 1
-        for (int tile = 2; tile < tiles; ++tile) {
-          complete_round(tile - 1);
-          issue_round(tile);
+          for (int tile = 2; tile < tiles; ++tile) {
+            complete_round(tile - 1);
+            issue_round(tile);
+          }
+          complete_round(tiles - 1);
         }
-        complete_round(tiles - 1);
+      } else {
+#pragma unroll 1
+        for (int tile = 1; tile < tiles; ++tile) plain_round(tile);
       }
       // Every S = Q·Kᵀ of the piece has completed. With an O tile of its own the Q tile is free
       // now: the producer loads the next piece's Q while this one's last P·V and epilogue run.
