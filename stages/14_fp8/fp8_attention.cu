@@ -1,7 +1,7 @@
 // Stage 14: attention in FP8 (e4m3) on Hopper. The schedule is stage 10's (a producer warp feeding a
-// ring of K/V slots by TMA, two consumer warpgroups that ping-pong at named barriers and compute
-// each tile's softmax while the previous tile's P·V runs); what changes is the number format of
-// both products, which runs the tensor cores at twice the FP16 rate:
+// ring of K/V slots by TMA, two consumer warpgroups (three at D = 64) that ping-pong at named
+// barriers and compute each tile's softmax while the previous tile's P·V runs); what changes is the
+// number format of both products, which runs the tensor cores at twice the FP16 rate:
 //
 //   - Q, K and V arrive as e4m3 codes with FP32 descales, made by the quantization pass
 //     (quantize.cu): Q per (head, 128 query rows), K per (head, 64 keys), V per (head, channel),
@@ -76,8 +76,12 @@ constexpr int kSharedBytesPerBlock = 227 * 1024;
 
 template <int kDim>
 struct Tiling {
-  // Two consumer warpgroups of 64 query rows (Br = 128: one Q scale block), one producer warpgroup.
-  static constexpr int kConsumers = 2;
+  // Consumer warpgroups of 64 query rows, one producer warpgroup: three at D = 64 (Br = 192), where
+  // a tile has half the FLOPs per score and a third warpgroup's products fill the tensor cores while
+  // the others compute their softmax; two from D = 128, where three (160 registers a thread) cannot
+  // hold S, O and P of a tile (240 bytes of spills at 128 keys). A consumer's rows lie in one Q
+  // scale block.
+  static constexpr int kConsumers = kDim <= 64 ? 3 : 2;
   static constexpr int kQueryRows = kConsumers * kMmaRows;
   // Keys a tile (kernel_tile_keys): 192, three K scale blocks, up to D = 128; 64 at D = 256, where
   // O takes 128 registers a thread.
@@ -85,7 +89,7 @@ struct Tiling {
   static constexpr int kKeySegments = kKeys / static_cast<int>(kKeyBlock);  // K scale blocks a tile
   static constexpr int kStages = 3;
   static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  static constexpr int kConsumerRegisters = kConsumers == 3 ? 160 : 240;
   // Named barriers: 1 + c the epilogue of consumer c, kTurnBarrier + c its turn (stage 10).
   static constexpr int kTurnBarrier = 4;
 
@@ -115,7 +119,8 @@ struct Tiling {
   static_assert(kDim == 64 || kDim == 128 || kDim == 256, "the head-dim buckets");
   static_assert(kTurnBarrier >= 1 + kConsumers && kTurnBarrier + kConsumers <= 16, "named barriers are 1 .. 15");
   static_assert(kKeys % kValueRowBytes == 0 && kValueRowBytes % kE4m3Step == 0, "whole V_qᵀ panels of 32-key steps");
-  static_assert(kQueryRows == kQueryBlock && kKeys % kKeyBlock == 0, "a piece is one Q block, a tile whole K blocks");
+  static_assert(kQueryBlock % kMmaRows == 0 && kKeys % kKeyBlock == 0,
+                "a consumer's rows lie in one Q block, a tile holds whole K blocks");
   static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRegisters) <=
                     kThreads * kRegistersAtLaunch,
                 "setmaxnreg can only move registers the block was launched with");
@@ -182,7 +187,7 @@ __device__ __forceinline__ void pack_probabilities(const float (&p)[16 * kSteps]
 }
 
 // A block computes pieces blockIdx.x, blockIdx.x + gridDim.x, ... of the (query tile, query head)
-// pieces, as stage 10: threads 0-127 the producer warpgroup (thread 0 issues every copy), then two
+// pieces, as stage 10: threads 0-127 the producer warpgroup (thread 0 issues every copy), then the
 // consumer warpgroups of 64 query rows. The maps: Q_q (B·Hq) x Nq x Dpad bytes, K_q (B·Hkv) x Nk x
 // Dpad, V_qᵀ (B·Hkv) x Dpad x Nk_pad, O (B·Hq) x Nq x D of Element (when store_by_copy_engine).
 template <typename Element, int kDim>
@@ -351,10 +356,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         return causal ? min(kv_seq, warp_first_row + group + 8 * half + diagonal) : kv_seq;
       };
       start_rows<kDim>(out, row_max, row_sum, warp_first_row, group, q_seq, kv_seq, causal);
-      // The piece's Q block is its query tile (Br = 128 rows); each tile's K block its key_base / 128.
-      const float query_scale = q_descale[static_cast<int64_t>(piece.query_head) * q_blocks +
-                                          piece.first_row / static_cast<int>(kQueryBlock)] *
-                                scale_log2;
+      // This consumer's Q block (rows past the last one take the last block's scale: their output
+      // is never written); each tile's K blocks from key_base / 64.
+      const int query_block = min(consumer_first_row / static_cast<int>(kQueryBlock), q_blocks - 1);
+      const float query_scale = q_descale[static_cast<int64_t>(piece.query_head) * q_blocks + query_block] * scale_log2;
       const float* key_scales = k_descale + static_cast<int64_t>(piece.kv_head) * k_blocks;
       const auto softmax = [&](int tile, float(&rescale)[2]) {
         const int key_base = tile * T::kKeys;
