@@ -321,14 +321,17 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // so in each body the softmax lies between the two waits: ptxas 13.0 hoisted a wait for P·V
       // that shared the softmax's basic block above the exponentials (README, "What the compiler
       // made of it").
-      const auto issue_round = [&](int tile) {
-        const int r = ring_tile + tile;
+      // One turn: S of ring tile r, then O rescaled by the factor of the tile before and its P·V.
+      const auto issue_products = [&](int r) {
         take_turn();
         issue_scores_of(r);
 #pragma unroll
-        for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];  // by the factor of tile - 1
+        for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
         issue_values_of(r - 1);
         pass_turn();
+      };
+      const auto issue_round = [&](int tile) {
+        issue_products(ring_tile + tile);
         // EXERCISE BEGIN: the softmax while P·V runs: wait for S alone, the softmax, the next P packed aside
         wgmma_wait<1>();  // S of this tile has landed; P·V of the last one may still run
         fence_registers(scores);
@@ -369,12 +372,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // waits for both before the softmax of tile t, which writes P in place.
       const auto plain_round = [&](int tile) {
         const int r = ring_tile + tile;
-        take_turn();
-        issue_scores_of(r);
-#pragma unroll
-        for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];  // by the factor of tile - 1
-        issue_values_of(r - 1);
-        pass_turn();
+        issue_products(r);
         wgmma_wait<0>();
         fence_registers(scores);
         fence_registers(out);
