@@ -123,9 +123,12 @@ struct Tiling {
   // free again, V is free again (stage 09 freed a slot's K and V together: this schedule holds V a
   // round longer).
   static constexpr int kBarriers = 2 + 4 * kStages;
+  // Beside them, the index of the piece whose Q comes next (the queue of pieces, below).
+  static constexpr int kPieceSlotBytes = 8;
   // Q tile, the ring (kStages x (K tile, V tile)), the barriers, and room to align the start to
   // 1024 bytes (the 128-byte swizzle's period; dynamic shared memory only promises 16).
-  static constexpr int kBaseBytes = kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes + kBarriers * 8;
+  static constexpr int kBaseBytes =
+      kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes + kBarriers * 8 + kPieceSlotBytes;
   // O is staged for its TMA store in a tile of its own where that fits (D = 64 and 128): then the Q
   // tile is free once the piece's last S = Q·Kᵀ has completed, and the next piece's Q lands while
   // this one's epilogue runs. At D = 256 (192 KB already) O is staged in the Q tile, as in stage 09.
@@ -143,7 +146,9 @@ struct Tiling {
 };
 
 // A block computes pieces blockIdx.x, blockIdx.x + gridDim.x, ... (`pieces` in all): one block per
-// SM that loops over many, or one block per piece (launch says which).
+// SM that loops over many, or one block per piece (launch says which); or, given `piece_counter`
+// (under the causal mask), blockIdx.x first and then whichever piece is next in the queue
+// (kernel/tma_forward.cuh, produce_pieces).
 // One piece: Br = 64 · kConsumers query rows of one (batch, query head). Threads 0-127 are the
 // producer warpgroup (thread 0 issues every copy, the rest have nothing to do), the next
 // 128 · kConsumers threads the consumer warpgroups, 64 rows each. The tensor maps describe Q and O
@@ -156,8 +161,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
                                 const __grid_constant__ CUtensorMap value_map,
                                 const __grid_constant__ CUtensorMap out_map, Element* __restrict__ o,
                                 float* __restrict__ lse, int q_seq, int kv_seq, int dim, int query_tiles, int q_heads,
-                                int kv_heads, int heads_total, int pieces, bool causal, bool store_by_copy_engine,
-                                float scale_log2) {
+                                int kv_heads, int heads_total, int pieces, int* __restrict__ piece_counter, bool causal,
+                                bool store_by_copy_engine, float scale_log2) {
 #if FA_SM90A_DEVICE_CODE
   using T = Tiling<kDim>;
   using namespace kernel;
@@ -179,6 +184,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   uint64_t* value_full = barriers + 2 + T::kStages;      // [kStages]
   uint64_t* key_free = barriers + 2 + 2 * T::kStages;    // [kStages]
   uint64_t* value_free = barriers + 2 + 3 * T::kStages;  // [kStages]
+  int* piece_slot = reinterpret_cast<int*>(barriers + T::kBarriers);
+  // The queue only where the blocks are persistent (launch); elsewhere the code for it is not built.
+  int* queue = T::kOutTile ? piece_counter : nullptr;
   const auto key_slot = [&](int slot) { return ring + 2 * slot * T::kKvTileBytes; };
   const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * T::kKvTileBytes; };
 
@@ -216,7 +224,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       prefetch_tensor_map(&value_map);
       produce_pieces<T::kStages, T::kKeys, T::kPanels, T::kQueryPanelBytes, T::kKvPanelBytes>(
           piece_at, pieces, query_tile, ring, &query_map, &key_map, &value_map, query_full, query_free, key_full,
-          value_full, key_free, value_free);
+          value_full, key_free, value_free, queue, piece_slot);
     }
   } else {
     // ---- The consumers -----------------------------------------------------------------------
@@ -287,7 +295,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     int ring_tile = 0;  // the ring tile of the piece's first K/V tile
     int round = 0;
 #pragma unroll 1
-    for (int64_t index = blockIdx.x; index < pieces; index += gridDim.x, ++round) {
+    for (int64_t index = blockIdx.x; index < pieces; ++round) {
       const Piece piece = piece_at(index);
       const int consumer_first_row = piece.first_row + consumer * kMmaRows;
       const int warp_first_row = consumer_first_row + warp * 16;
@@ -419,6 +427,14 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       write_piece_output<Element, kDim, T::kPanels, T::kQueryPanelBytes, !T::kOutTile>(
           out, row_max, row_sum, out_tile, consumer, thread, warp, lane, group, quad, consumer_first_row, q_seq, dim,
           lse, piece.query_head, &out_map, o, store_by_copy_engine, query_free);
+      // The next piece: the next in turn, or the queue's, whose index the producer wrote beside its Q
+      // (`pieces` when there is none).
+      if (queue == nullptr) {
+        index += gridDim.x;
+      } else {
+        barrier_wait(query_full, (round + 1) & 1);
+        index = *piece_slot;
+      }
     }
     if (consumer == 0) take_turn();
     // The block's shared memory must outlive the copy engine's reads of the last staged O.
@@ -427,6 +443,16 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 #else
   __trap();  // never launched: the runner refuses every GPU but sm_90 (the descriptor's architecture)
 #endif
+}
+
+// The workspace: stage 09's padded copies of Q, K and V where D is not a multiple of 8, then under
+// the causal mask the queue's counter, 16-byte aligned.
+int64_t queue_offset(const Problem& problem) {
+  return (kernel::tma_workspace_bytes(problem, Pass::forward) + 15) / 16 * 16;
+}
+
+int64_t workspace_bytes(const Problem& problem, Pass pass) {
+  return problem.causal ? queue_offset(problem) + 16 : kernel::tma_workspace_bytes(problem, pass);
 }
 
 template <typename Element, int kDim>
@@ -440,13 +466,19 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
   const int64_t query_tiles = (problem.q_seq + T::kQueryRows - 1) / T::kQueryRows;
   const int64_t pieces = query_tiles * problem.q_heads_total();
   FA_STATUS_TRY(check_grid(pieces));
-  // Persistent blocks, one per SM (a block takes an SM's shared memory), each looping over pieces:
-  // where O has a tile of its own, without the causal mask. Under the mask the pieces differ in
-  // weight, and the hardware, which starts a block on whichever SM frees first, balances them
-  // better than a fixed round-robin does (README, "Persistent blocks"); at D = 256 the next Q has
-  // to wait for the epilogue anyway. There the grid is one block per piece, and each loops once.
+  // Persistent blocks, one per SM (a block takes an SM's shared memory), each looping over pieces,
+  // where O has a tile of its own. Under the causal mask the pieces differ in weight, and a fixed
+  // round-robin balances them worse than the hardware starting one block per piece on whichever SM
+  // frees first (README, "Persistent blocks"): there the blocks take their pieces from a queue, a
+  // counter in the workspace zeroed here (without a workspace, one block per piece). At D = 256 the
+  // next Q has to wait for the epilogue anyway: one block per piece, and each loops once.
+  int* piece_counter = nullptr;
+  if (T::kOutTile && problem.causal && args.workspace != nullptr) {
+    piece_counter = reinterpret_cast<int*>(static_cast<unsigned char*>(args.workspace) + queue_offset(problem));
+    FA_CUDA_TRY(cudaMemsetAsync(piece_counter, 0, sizeof(int), args.stream));
+  }
   int64_t blocks = pieces;
-  if (T::kOutTile && !problem.causal) {
+  if (T::kOutTile && (!problem.causal || piece_counter != nullptr)) {
     int device = 0;
     int multiprocessors = 0;
     FA_CUDA_TRY(cudaGetDevice(&device));
@@ -460,8 +492,8 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
       maps.query, maps.key, maps.value, maps.out, static_cast<Element*>(args.o), args.lse,
       static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim),
       static_cast<int>(query_tiles), static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads),
-      static_cast<int>(problem.q_heads_total()), static_cast<int>(pieces), problem.causal, inputs.store_by_copy_engine,
-      scale_log2);
+      static_cast<int>(problem.q_heads_total()), static_cast<int>(pieces), piece_counter, problem.causal,
+      inputs.store_by_copy_engine, scale_log2);
   FA_LAUNCH_TRY();
   return Status();
 }
@@ -476,18 +508,22 @@ Status forward(const ForwardArgs& args) {
       args.problem.dim, [&](auto bucket) { return launch<Element, decltype(bucket)::value>(args, inputs); });
 }
 
+StageDescriptor describe(Precision precision, ForwardFn forward_function, const char* title) {
+  StageDescriptor stage = kernel::describe_tma_stage("10_overlap", precision, forward_function, title, FA_SOURCE_HASH);
+  stage.workspace_bytes = &workspace_bytes;
+  return stage;
+}
+
 }  // namespace
 
 StageDescriptor overlap_fp16() {
-  return kernel::describe_tma_stage("10_overlap", Precision::fp16, &forward<__half>,
-                                    "stage 09 + ping-pong warpgroups and the softmax under P·V (FP16, sm_90a)",
-                                    FA_SOURCE_HASH);
+  return describe(Precision::fp16, &forward<__half>,
+                  "stage 09 + ping-pong warpgroups and the softmax under P·V (FP16, sm_90a)");
 }
 
 StageDescriptor overlap_bf16() {
-  return kernel::describe_tma_stage("10_overlap", Precision::bf16, &forward<__nv_bfloat16>,
-                                    "stage 09 + ping-pong warpgroups and the softmax under P·V (BF16, sm_90a)",
-                                    FA_SOURCE_HASH);
+  return describe(Precision::bf16, &forward<__nv_bfloat16>,
+                  "stage 09 + ping-pong warpgroups and the softmax under P·V (BF16, sm_90a)");
 }
 
 }  // namespace fa::stages

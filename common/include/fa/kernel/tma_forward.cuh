@@ -83,7 +83,13 @@ __device__ __forceinline__ void softmax_step(float (&scores)[kKeys / 2], int key
 }
 
 // The producer thread of a persistent block: pieces blockIdx.x, blockIdx.x + gridDim.x, ... (their
-// count `pieces`, each from piece_at(index)). A piece's Q lands in `query_tile` on query_full once
+// count `pieces`, each from piece_at(index)), or, with a queue (`piece_counter`, zeroed by the
+// launch), its first piece blockIdx.x and every later one the next that no block has taken yet:
+// gridDim.x + the counter's old value. Under the causal mask the pieces come heaviest first, so a
+// block that drew heavy pieces takes fewer of them. The index of each piece is written to
+// `piece_slot` before its Q's barrier completes (the arrival releases it to the consumers, whose
+// wait acquires it), and `pieces` after the last, with an arrival of its own: there is no more
+// work. A piece's Q lands in `query_tile` on query_full once
 // the consumers have released the last piece's on query_free (rows past Nq arrive as zeros). Ring
 // tile r, counted over all the block's pieces, goes to slot r % kStages (K tile, then V tile, of
 // kPanels panels of kKvPanelBytes each); K and V have barriers of their own both ways: QKᵀ can start
@@ -95,14 +101,16 @@ __device__ __forceinline__ void produce_pieces(const PieceAt& piece_at, const in
                                                unsigned char* ring, const CUtensorMap* query_map,
                                                const CUtensorMap* key_map, const CUtensorMap* value_map,
                                                uint64_t* query_full, uint64_t* query_free, uint64_t* key_full,
-                                               uint64_t* value_full, uint64_t* key_free, uint64_t* value_free) {
+                                               uint64_t* value_full, uint64_t* key_free, uint64_t* value_free,
+                                               int* piece_counter, int* piece_slot) {
   constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
   constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
   int ring_tile = 0;
   int round = 0;
-  for (int64_t index = blockIdx.x; index < pieces; index += gridDim.x, ++round) {
+  for (int64_t index = blockIdx.x; index < pieces; ++round) {
     const Piece piece = piece_at(index);
     if (round > 0) barrier_wait(query_free, (round - 1) & 1);
+    *piece_slot = static_cast<int>(index);
     barrier_arrive_expect_bytes(query_full, kQueryTileBytes);
     copy_tile_to_shared<kPanels, kQueryPanelBytes>(query_tile, query_map, query_full, piece.first_row,
                                                    piece.query_head);
@@ -123,6 +131,14 @@ __device__ __forceinline__ void produce_pieces(const PieceAt& piece_at, const in
                            shared_address(&value_full[slot]), panel * kPanelColumns, key_base, piece.kv_head);
       }
     }
+    // Taken once this piece's copies are issued: the atomic's round trip runs while the consumers
+    // work through the tiles still in the ring.
+    index = piece_counter == nullptr ? index + gridDim.x : gridDim.x + atomicAdd(piece_counter, 1);
+  }
+  if (piece_counter != nullptr) {
+    barrier_wait(query_free, (round - 1) & 1);
+    *piece_slot = pieces;
+    barrier_arrive(query_full);
   }
 }
 
