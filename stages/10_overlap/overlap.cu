@@ -119,21 +119,27 @@ struct Tiling {
   static constexpr int kKvPanelBytes = kKeys * kPanelRowBytes;
   static constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
   static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
-  // The barriers: Q has landed, Q is free again; per ring slot, K has landed, V has landed, K is
-  // free again, V is free again (stage 09 freed a slot's K and V together: this schedule holds V a
-  // round longer).
-  static constexpr int kBarriers = 2 + 4 * kStages;
-  // Beside them, the index of the piece whose Q comes next (the queue of pieces, below).
+  // The barriers: per Q tile, Q has landed, Q is free again; per ring slot, K has landed, V has
+  // landed, K is free again, V is free again (stage 09 freed a slot's K and V together: this
+  // schedule holds V a round longer). Beside them, per Q tile the index of the piece it holds (8
+  // bytes: room for two).
+  static constexpr int kBarriers = 2 * 2 + 4 * kStages;
   static constexpr int kPieceSlotBytes = 8;
-  // Q tile, the ring (kStages x (K tile, V tile)), the barriers, and room to align the start to
+  // A Q tile, the ring (kStages x (K tile, V tile)), the barriers, and room to align the start to
   // 1024 bytes (the 128-byte swizzle's period; dynamic shared memory only promises 16).
   static constexpr int kBaseBytes =
       kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes + kBarriers * 8 + kPieceSlotBytes;
   // O is staged for its TMA store in a tile of its own where that fits (D = 64 and 128): then the Q
-  // tile is free once the piece's last S = Q·Kᵀ has completed, and the next piece's Q lands while
-  // this one's epilogue runs. At D = 256 (192 KB already) O is staged in the Q tile, as in stage 09.
+  // tile is free once the piece's last S = Q·Kᵀ has completed. At D = 256 (192 KB already) O is
+  // staged in the Q tile, as in stage 09.
   static constexpr bool kOutTile = kBaseBytes + kQueryTileBytes <= kSharedBytesPerBlock;
-  static constexpr int kSharedBytes = kBaseBytes + (kOutTile ? kQueryTileBytes : 0);
+  // A second Q tile where that fits too (D = 64 and 128): the next piece's Q lands while this piece
+  // is computed, and a warpgroup issues the next piece's first S = Q·Kᵀ beside this piece's last
+  // P·V, whose wait then ends before the epilogue instead of before the next piece's first product
+  // (README, "Persistent blocks").
+  static constexpr int kQueryBuffers = kOutTile && kBaseBytes + 2 * kQueryTileBytes <= kSharedBytesPerBlock ? 2 : 1;
+  static constexpr int kSharedBytes =
+      kBaseBytes + (kOutTile ? kQueryTileBytes : 0) + (kQueryBuffers - 1) * kQueryTileBytes;
 
   static constexpr int kRegistersAtLaunch = 65536 / kThreads / 8 * 8;
   static_assert(kDim % kPanelColumns == 0, "a tile is whole 64-column panels");
@@ -168,23 +174,24 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   using namespace kernel;
   constexpr int kKeySteps = T::kKeys / kMmaDepth;  // 16-key steps of P·V
 
-  // Shared memory, aligned to the swizzle's 1024-byte period: Q (kPanels panels of Br rows x 128
-  // bytes), the O staging tile where it has one (else O is staged in the Q tile), then ring slot
-  // s = (K tile, V tile), each kPanels panels of Bc rows x 128 bytes, then the barriers.
+  // Shared memory, aligned to the swizzle's 1024-byte period: the Q tiles (kPanels panels of Br
+  // rows x 128 bytes each), the O staging tile where it has one (else O is staged in the Q tile),
+  // then ring slot s = (K tile, V tile), each kPanels panels of Bc rows x 128 bytes, then the
+  // barriers and the piece slots.
   extern __shared__ unsigned char shared_memory[];
   unsigned char* shared =
       shared_memory + ((kSwizzleBytes - shared_address(shared_memory) % kSwizzleBytes) % kSwizzleBytes);
-  unsigned char* query_tile = shared;
-  unsigned char* out_tile = T::kOutTile ? shared + T::kQueryTileBytes : query_tile;
-  unsigned char* ring = shared + T::kQueryTileBytes + (T::kOutTile ? T::kQueryTileBytes : 0);
+  unsigned char* query_buffers = shared;
+  unsigned char* out_tile = T::kOutTile ? shared + T::kQueryBuffers * T::kQueryTileBytes : query_buffers;
+  unsigned char* ring = shared + (T::kQueryBuffers + (T::kOutTile ? 1 : 0)) * T::kQueryTileBytes;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(ring + T::kStages * 2 * T::kKvTileBytes);
-  uint64_t* query_full = barriers;
-  uint64_t* query_free = barriers + 1;
-  uint64_t* key_full = barriers + 2;                     // [kStages]
-  uint64_t* value_full = barriers + 2 + T::kStages;      // [kStages]
-  uint64_t* key_free = barriers + 2 + 2 * T::kStages;    // [kStages]
-  uint64_t* value_free = barriers + 2 + 3 * T::kStages;  // [kStages]
-  int* piece_slot = reinterpret_cast<int*>(barriers + T::kBarriers);
+  uint64_t* query_full = barriers;                                     // [kQueryBuffers]
+  uint64_t* query_free = barriers + 2;                                 // [kQueryBuffers]
+  uint64_t* key_full = barriers + 4;                                   // [kStages]
+  uint64_t* value_full = barriers + 4 + T::kStages;                    // [kStages]
+  uint64_t* key_free = barriers + 4 + 2 * T::kStages;                  // [kStages]
+  uint64_t* value_free = barriers + 4 + 3 * T::kStages;                // [kStages]
+  int* piece_slots = reinterpret_cast<int*>(barriers + T::kBarriers);  // [kQueryBuffers]
   // The queue only where the blocks are persistent (launch); elsewhere the code for it is not built.
   int* queue = T::kOutTile ? piece_counter : nullptr;
   const auto key_slot = [&](int slot) { return ring + 2 * slot * T::kKvTileBytes; };
@@ -200,8 +207,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   // also announces the bytes to come); "free" expects one arrival from each consumer warp.
   constexpr int kConsumerWarps = T::kConsumers * kWarpgroupThreads / kWarpSize;
   if (threadIdx.x == 0) {
-    barrier_init(query_full, 1);
-    barrier_init(query_free, kConsumerWarps);
+    for (int buffer = 0; buffer < T::kQueryBuffers; ++buffer) {
+      barrier_init(&query_full[buffer], 1);
+      barrier_init(&query_free[buffer], kConsumerWarps);
+    }
     for (int slot = 0; slot < T::kStages; ++slot) {
       barrier_init(&key_full[slot], 1);
       barrier_init(&value_full[slot], 1);
@@ -222,9 +231,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       prefetch_tensor_map(&query_map);
       prefetch_tensor_map(&key_map);
       prefetch_tensor_map(&value_map);
-      produce_pieces<T::kStages, T::kKeys, T::kPanels, T::kQueryPanelBytes, T::kKvPanelBytes>(
-          piece_at, pieces, query_tile, ring, &query_map, &key_map, &value_map, query_full, query_free, key_full,
-          value_full, key_free, value_free, queue, piece_slot);
+      produce_pieces<T::kStages, T::kKeys, T::kPanels, T::kQueryPanelBytes, T::kKvPanelBytes, T::kQueryBuffers>(
+          piece_at, pieces, query_buffers, ring, &query_map, &key_map, &value_map, query_full, query_free, key_full,
+          value_full, key_free, value_free, queue, piece_slots);
     }
   } else {
     // ---- The consumers -----------------------------------------------------------------------
@@ -246,7 +255,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // head dim, the N of P·V): a 16-key step is 16 rows further, and the leading byte offset is the
     // step from one 64-column panel to the next.
     const uint64_t query_descriptor =
-        k_major_descriptor(shared_address(query_tile) + consumer * kMmaRows * kPanelRowBytes);
+        k_major_descriptor(shared_address(query_buffers) + consumer * kMmaRows * kPanelRowBytes);
 
     // O for the warpgroup's 64 rows in FP32 accumulators (D/2 registers a thread), normalized only
     // at the end. Per thread and row (top: `group`, bottom: `group + 8`) the running max m in log2
@@ -264,10 +273,12 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // block's r-th K/V tile, over all its pieces) sits in slot r % kStages.
     // S = Q·Kᵀ of ring tile r: kDim / 16 wgmma, both operands in shared memory, the first
     // overwriting the accumulators.
-    const auto issue_scores_of = [&](int r) {
+    // Q from the tile of the block's piece n, n % kQueryBuffers.
+    const auto issue_scores_of = [&](int r, int n) {
       wait_slot_full<T::kStages>(key_full, r);
       issue_scores<Element, kDim, T::kKeys, T::kQueryPanelBytes, T::kKvPanelBytes>(
-          scores, query_descriptor, k_major_descriptor(shared_address(key_slot(r % T::kStages))));
+          scores, advance_descriptor(query_descriptor, n % T::kQueryBuffers * T::kQueryTileBytes),
+          k_major_descriptor(shared_address(key_slot(r % T::kStages))));
     };
     // O += P·V of ring tile r, P in registers as the A operand, V through its matrix descriptor.
     const auto issue_values_of = [&](int r) {
@@ -311,7 +322,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
                                scale_log2);
       };
 
-      barrier_wait(query_full, round & 1);
+      barrier_wait(&query_full[round % T::kQueryBuffers], (round / T::kQueryBuffers) & 1);
 
       // The schedule (README, "Overlap inside a warpgroup"). Stage 09 waited for O += P·V of a tile
       // before it started the next tile's S = Q·Kᵀ. Here, in round t, a warpgroup issues S of tile
@@ -332,7 +343,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       const auto issue_round = [&](int tile) {
         const int r = ring_tile + tile;
         take_turn();
-        issue_scores_of(r);
+        issue_scores_of(r, round);
 #pragma unroll
         for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];  // by the factor of tile - 1
         issue_values_of(r - 1);
@@ -365,7 +376,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       };
       if (tiles > 0) {
         take_turn();
-        issue_scores_of(ring_tile);
+        issue_scores_of(ring_tile, round);
         pass_turn();
         wgmma_wait<0>();
         fence_registers(scores);
@@ -378,7 +389,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       const auto plain_round = [&](int tile) {
         const int r = ring_tile + tile;
         take_turn();
-        issue_scores_of(r);
+        issue_scores_of(r, round);
 #pragma unroll
         for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];  // by the factor of tile - 1
         issue_values_of(r - 1);
@@ -408,7 +419,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       }
       // Every S = Q·Kᵀ of the piece has completed. With an O tile of its own the Q tile is free
       // now: the producer loads the next piece's Q while this one's last P·V and epilogue run.
-      if (T::kOutTile) release(query_free);
+      if (T::kOutTile) release(&query_free[round % T::kQueryBuffers]);
       if (tiles > 0) {
         take_turn();
 #pragma unroll
@@ -432,8 +443,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       if (queue == nullptr) {
         index += gridDim.x;
       } else {
-        barrier_wait(query_full, (round + 1) & 1);
-        index = *piece_slot;
+        barrier_wait(&query_full[(round + 1) % T::kQueryBuffers], ((round + 1) / T::kQueryBuffers) & 1);
+        index = piece_slots[(round + 1) % T::kQueryBuffers];
       }
     }
     if (consumer == 0) take_turn();
