@@ -119,18 +119,27 @@ struct Tiling {
   static constexpr int kKvPanelBytes = kKeys * kPanelRowBytes;
   static constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
   static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
-  // The barriers: Q has landed, Q is free again; per ring slot, K has landed, V has landed, K is
-  // free again, V is free again (stage 09 freed a slot's K and V together: this schedule holds V a
-  // round longer).
-  static constexpr int kBarriers = 2 + 4 * kStages;
-  // Q tile, the ring (kStages x (K tile, V tile)), the barriers, and room to align the start to
+  // The barriers: per Q tile, Q has landed, Q is free again; per ring slot, K has landed, V has
+  // landed, K is free again, V is free again (stage 09 freed a slot's K and V together: this
+  // schedule holds V a round longer). Beside them, per Q tile the index of the piece it holds (8
+  // bytes: room for two).
+  static constexpr int kBarriers = 2 * 2 + 4 * kStages;
+  static constexpr int kPieceSlotBytes = 8;
+  // A Q tile, the ring (kStages x (K tile, V tile)), the barriers, and room to align the start to
   // 1024 bytes (the 128-byte swizzle's period; dynamic shared memory only promises 16).
-  static constexpr int kBaseBytes = kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes + kBarriers * 8;
+  static constexpr int kBaseBytes =
+      kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes + kBarriers * 8 + kPieceSlotBytes;
   // O is staged for its TMA store in a tile of its own where that fits (D = 64 and 128): then the Q
-  // tile is free once the piece's last S = Q·Kᵀ has completed, and the next piece's Q lands while
-  // this one's epilogue runs. At D = 256 (192 KB already) O is staged in the Q tile, as in stage 09.
+  // tile is free once the piece's last S = Q·Kᵀ has completed. At D = 256 (192 KB already) O is
+  // staged in the Q tile, as in stage 09.
   static constexpr bool kOutTile = kBaseBytes + kQueryTileBytes <= kSharedBytesPerBlock;
-  static constexpr int kSharedBytes = kBaseBytes + (kOutTile ? kQueryTileBytes : 0);
+  // A second Q tile where that fits too (D = 64 and 128): the next piece's Q lands while this piece
+  // is computed, and a warpgroup issues the next piece's first S = Q·Kᵀ beside this piece's last
+  // P·V, whose wait then ends before the epilogue instead of before the next piece's first product
+  // (README, "Persistent blocks").
+  static constexpr int kQueryBuffers = kOutTile && kBaseBytes + 2 * kQueryTileBytes <= kSharedBytesPerBlock ? 2 : 1;
+  static constexpr int kSharedBytes =
+      kBaseBytes + (kOutTile ? kQueryTileBytes : 0) + (kQueryBuffers - 1) * kQueryTileBytes;
 
   static constexpr int kRegistersAtLaunch = 65536 / kThreads / 8 * 8;
   static_assert(kDim % kPanelColumns == 0, "a tile is whole 64-column panels");
@@ -143,7 +152,9 @@ struct Tiling {
 };
 
 // A block computes pieces blockIdx.x, blockIdx.x + gridDim.x, ... (`pieces` in all): one block per
-// SM that loops over many, or one block per piece (launch says which).
+// SM that loops over many, or one block per piece (launch says which); or, given `piece_counter`
+// (under the causal mask), blockIdx.x first and then whichever piece is next in the queue
+// (kernel/tma_forward.cuh, produce_pieces).
 // One piece: Br = 64 · kConsumers query rows of one (batch, query head). Threads 0-127 are the
 // producer warpgroup (thread 0 issues every copy, the rest have nothing to do), the next
 // 128 · kConsumers threads the consumer warpgroups, 64 rows each. The tensor maps describe Q and O
@@ -156,29 +167,33 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
                                 const __grid_constant__ CUtensorMap value_map,
                                 const __grid_constant__ CUtensorMap out_map, Element* __restrict__ o,
                                 float* __restrict__ lse, int q_seq, int kv_seq, int dim, int query_tiles, int q_heads,
-                                int kv_heads, int heads_total, int pieces, bool causal, bool store_by_copy_engine,
-                                float scale_log2) {
+                                int kv_heads, int heads_total, int pieces, int* __restrict__ piece_counter, bool causal,
+                                bool store_by_copy_engine, float scale_log2) {
 #if FA_SM90A_DEVICE_CODE
   using T = Tiling<kDim>;
   using namespace kernel;
   constexpr int kKeySteps = T::kKeys / kMmaDepth;  // 16-key steps of P·V
 
-  // Shared memory, aligned to the swizzle's 1024-byte period: Q (kPanels panels of Br rows x 128
-  // bytes), the O staging tile where it has one (else O is staged in the Q tile), then ring slot
-  // s = (K tile, V tile), each kPanels panels of Bc rows x 128 bytes, then the barriers.
+  // Shared memory, aligned to the swizzle's 1024-byte period: the Q tiles (kPanels panels of Br
+  // rows x 128 bytes each), the O staging tile where it has one (else O is staged in the Q tile),
+  // then ring slot s = (K tile, V tile), each kPanels panels of Bc rows x 128 bytes, then the
+  // barriers and the piece slots.
   extern __shared__ unsigned char shared_memory[];
   unsigned char* shared =
       shared_memory + ((kSwizzleBytes - shared_address(shared_memory) % kSwizzleBytes) % kSwizzleBytes);
-  unsigned char* query_tile = shared;
-  unsigned char* out_tile = T::kOutTile ? shared + T::kQueryTileBytes : query_tile;
-  unsigned char* ring = shared + T::kQueryTileBytes + (T::kOutTile ? T::kQueryTileBytes : 0);
+  unsigned char* query_buffers = shared;
+  unsigned char* out_tile = T::kOutTile ? shared + T::kQueryBuffers * T::kQueryTileBytes : query_buffers;
+  unsigned char* ring = shared + (T::kQueryBuffers + (T::kOutTile ? 1 : 0)) * T::kQueryTileBytes;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(ring + T::kStages * 2 * T::kKvTileBytes);
-  uint64_t* query_full = barriers;
-  uint64_t* query_free = barriers + 1;
-  uint64_t* key_full = barriers + 2;                     // [kStages]
-  uint64_t* value_full = barriers + 2 + T::kStages;      // [kStages]
-  uint64_t* key_free = barriers + 2 + 2 * T::kStages;    // [kStages]
-  uint64_t* value_free = barriers + 2 + 3 * T::kStages;  // [kStages]
+  uint64_t* query_full = barriers;                                     // [kQueryBuffers]
+  uint64_t* query_free = barriers + 2;                                 // [kQueryBuffers]
+  uint64_t* key_full = barriers + 4;                                   // [kStages]
+  uint64_t* value_full = barriers + 4 + T::kStages;                    // [kStages]
+  uint64_t* key_free = barriers + 4 + 2 * T::kStages;                  // [kStages]
+  uint64_t* value_free = barriers + 4 + 3 * T::kStages;                // [kStages]
+  int* piece_slots = reinterpret_cast<int*>(barriers + T::kBarriers);  // [kQueryBuffers]
+  // The queue only where the blocks are persistent (launch); elsewhere the code for it is not built.
+  int* queue = T::kOutTile ? piece_counter : nullptr;
   const auto key_slot = [&](int slot) { return ring + 2 * slot * T::kKvTileBytes; };
   const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * T::kKvTileBytes; };
 
@@ -192,8 +207,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   // also announces the bytes to come); "free" expects one arrival from each consumer warp.
   constexpr int kConsumerWarps = T::kConsumers * kWarpgroupThreads / kWarpSize;
   if (threadIdx.x == 0) {
-    barrier_init(query_full, 1);
-    barrier_init(query_free, kConsumerWarps);
+    for (int buffer = 0; buffer < T::kQueryBuffers; ++buffer) {
+      barrier_init(&query_full[buffer], 1);
+      barrier_init(&query_free[buffer], kConsumerWarps);
+    }
     for (int slot = 0; slot < T::kStages; ++slot) {
       barrier_init(&key_full[slot], 1);
       barrier_init(&value_full[slot], 1);
@@ -214,9 +231,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       prefetch_tensor_map(&query_map);
       prefetch_tensor_map(&key_map);
       prefetch_tensor_map(&value_map);
-      produce_pieces<T::kStages, T::kKeys, T::kPanels, T::kQueryPanelBytes, T::kKvPanelBytes>(
-          piece_at, pieces, query_tile, ring, &query_map, &key_map, &value_map, query_full, query_free, key_full,
-          value_full, key_free, value_free);
+      produce_pieces<T::kStages, T::kKeys, T::kPanels, T::kQueryPanelBytes, T::kKvPanelBytes, T::kQueryBuffers>(
+          piece_at, pieces, query_buffers, ring, &query_map, &key_map, &value_map, query_full, query_free, key_full,
+          value_full, key_free, value_free, queue, piece_slots);
     }
   } else {
     // ---- The consumers -----------------------------------------------------------------------
@@ -238,7 +255,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // head dim, the N of P·V): a 16-key step is 16 rows further, and the leading byte offset is the
     // step from one 64-column panel to the next.
     const uint64_t query_descriptor =
-        k_major_descriptor(shared_address(query_tile) + consumer * kMmaRows * kPanelRowBytes);
+        k_major_descriptor(shared_address(query_buffers) + consumer * kMmaRows * kPanelRowBytes);
 
     // O for the warpgroup's 64 rows in FP32 accumulators (D/2 registers a thread), normalized only
     // at the end. Per thread and row (top: `group`, bottom: `group + 8`) the running max m in log2
@@ -256,10 +273,12 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // block's r-th K/V tile, over all its pieces) sits in slot r % kStages.
     // S = Q·Kᵀ of ring tile r: kDim / 16 wgmma, both operands in shared memory, the first
     // overwriting the accumulators.
-    const auto issue_scores_of = [&](int r) {
+    // Q from the tile of the block's piece n, n % kQueryBuffers.
+    const auto issue_scores_of = [&](int r, int n) {
       wait_slot_full<T::kStages>(key_full, r);
       issue_scores<Element, kDim, T::kKeys, T::kQueryPanelBytes, T::kKvPanelBytes>(
-          scores, query_descriptor, k_major_descriptor(shared_address(key_slot(r % T::kStages))));
+          scores, advance_descriptor(query_descriptor, n % T::kQueryBuffers * T::kQueryTileBytes),
+          k_major_descriptor(shared_address(key_slot(r % T::kStages))));
     };
     // O += P·V of ring tile r, P in registers as the A operand, V through its matrix descriptor.
     const auto issue_values_of = [&](int r) {
@@ -287,7 +306,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     int ring_tile = 0;  // the ring tile of the piece's first K/V tile
     int round = 0;
 #pragma unroll 1
-    for (int64_t index = blockIdx.x; index < pieces; index += gridDim.x, ++round) {
+    for (int64_t index = blockIdx.x; index < pieces; ++round) {
       const Piece piece = piece_at(index);
       const int consumer_first_row = piece.first_row + consumer * kMmaRows;
       const int warp_first_row = consumer_first_row + warp * 16;
@@ -303,7 +322,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
                                scale_log2);
       };
 
-      barrier_wait(query_full, round & 1);
+      barrier_wait(&query_full[round % T::kQueryBuffers], (round / T::kQueryBuffers) & 1);
 
       // The schedule (README, "Overlap inside a warpgroup"). Stage 09 waited for O += P·V of a tile
       // before it started the next tile's S = Q·Kᵀ. Here, in round t, a warpgroup issues S of tile
@@ -324,7 +343,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // One turn: S of ring tile r, then O rescaled by the factor of the tile before and its P·V.
       const auto issue_products = [&](int r) {
         take_turn();
-        issue_scores_of(r);
+        issue_scores_of(r, round);
 #pragma unroll
         for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
         issue_values_of(r - 1);
@@ -360,7 +379,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       };
       if (tiles > 0) {
         take_turn();
-        issue_scores_of(ring_tile);
+        issue_scores_of(ring_tile, round);
         pass_turn();
         wgmma_wait<0>();
         fence_registers(scores);
@@ -398,7 +417,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       }
       // Every S = Q·Kᵀ of the piece has completed. With an O tile of its own the Q tile is free
       // now: the producer loads the next piece's Q while this one's last P·V and epilogue run.
-      if (T::kOutTile) release(query_free);
+      if (T::kOutTile) release(&query_free[round % T::kQueryBuffers]);
       if (tiles > 0) {
         take_turn();
 #pragma unroll
@@ -417,6 +436,14 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       write_piece_output<Element, kDim, T::kPanels, T::kQueryPanelBytes, !T::kOutTile>(
           out, row_max, row_sum, out_tile, consumer, thread, warp, lane, group, quad, consumer_first_row, q_seq, dim,
           lse, piece.query_head, &out_map, o, store_by_copy_engine, query_free);
+      // The next piece: the next in turn, or the queue's, whose index the producer wrote beside its Q
+      // (`pieces` when there is none).
+      if (queue == nullptr) {
+        index += gridDim.x;
+      } else {
+        barrier_wait(&query_full[(round + 1) % T::kQueryBuffers], ((round + 1) / T::kQueryBuffers) & 1);
+        index = piece_slots[(round + 1) % T::kQueryBuffers];
+      }
     }
     if (consumer == 0) take_turn();
     // The block's shared memory must outlive the copy engine's reads of the last staged O.
@@ -425,6 +452,16 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 #else
   __trap();  // never launched: the runner refuses every GPU but sm_90 (the descriptor's architecture)
 #endif
+}
+
+// The workspace: stage 09's padded copies of Q, K and V where D is not a multiple of 8, then under
+// the causal mask the queue's counter, 16-byte aligned.
+int64_t queue_offset(const Problem& problem) {
+  return (kernel::tma_workspace_bytes(problem, Pass::forward) + 15) / 16 * 16;
+}
+
+int64_t workspace_bytes(const Problem& problem, Pass pass) {
+  return problem.causal ? queue_offset(problem) + 16 : kernel::tma_workspace_bytes(problem, pass);
 }
 
 template <typename Element, int kDim>
@@ -438,13 +475,19 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
   const int64_t query_tiles = (problem.q_seq + T::kQueryRows - 1) / T::kQueryRows;
   const int64_t pieces = query_tiles * problem.q_heads_total();
   FA_STATUS_TRY(check_grid(pieces));
-  // Persistent blocks, one per SM (a block takes an SM's shared memory), each looping over pieces:
-  // where O has a tile of its own, without the causal mask. Under the mask the pieces differ in
-  // weight, and the hardware, which starts a block on whichever SM frees first, balances them
-  // better than a fixed round-robin does (README, "Persistent blocks"); at D = 256 the next Q has
-  // to wait for the epilogue anyway. There the grid is one block per piece, and each loops once.
+  // Persistent blocks, one per SM (a block takes an SM's shared memory), each looping over pieces,
+  // where O has a tile of its own. Under the causal mask the pieces differ in weight, and a fixed
+  // round-robin balances them worse than the hardware starting one block per piece on whichever SM
+  // frees first (README, "Persistent blocks"): there the blocks take their pieces from a queue, a
+  // counter in the workspace zeroed here (without a workspace, one block per piece). At D = 256 the
+  // next Q has to wait for the epilogue anyway: one block per piece, and each loops once.
+  int* piece_counter = nullptr;
+  if (T::kOutTile && problem.causal && args.workspace != nullptr) {
+    piece_counter = reinterpret_cast<int*>(static_cast<unsigned char*>(args.workspace) + queue_offset(problem));
+    FA_CUDA_TRY(cudaMemsetAsync(piece_counter, 0, sizeof(int), args.stream));
+  }
   int64_t blocks = pieces;
-  if (T::kOutTile && !problem.causal) {
+  if (T::kOutTile && (!problem.causal || piece_counter != nullptr)) {
     int device = 0;
     int multiprocessors = 0;
     FA_CUDA_TRY(cudaGetDevice(&device));
@@ -458,8 +501,8 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
       maps.query, maps.key, maps.value, maps.out, static_cast<Element*>(args.o), args.lse,
       static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim),
       static_cast<int>(query_tiles), static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads),
-      static_cast<int>(problem.q_heads_total()), static_cast<int>(pieces), problem.causal, inputs.store_by_copy_engine,
-      scale_log2);
+      static_cast<int>(problem.q_heads_total()), static_cast<int>(pieces), piece_counter, problem.causal,
+      inputs.store_by_copy_engine, scale_log2);
   FA_LAUNCH_TRY();
   return Status();
 }
@@ -474,18 +517,22 @@ Status forward(const ForwardArgs& args) {
       args.problem.dim, [&](auto bucket) { return launch<Element, decltype(bucket)::value>(args, inputs); });
 }
 
+StageDescriptor describe(Precision precision, ForwardFn forward_function, const char* title) {
+  StageDescriptor stage = kernel::describe_tma_stage("10_overlap", precision, forward_function, title, FA_SOURCE_HASH);
+  stage.workspace_bytes = &workspace_bytes;
+  return stage;
+}
+
 }  // namespace
 
 StageDescriptor overlap_fp16() {
-  return kernel::describe_tma_stage("10_overlap", Precision::fp16, &forward<__half>,
-                                    "stage 09 + ping-pong warpgroups and the softmax under P·V (FP16, sm_90a)",
-                                    FA_SOURCE_HASH);
+  return describe(Precision::fp16, &forward<__half>,
+                  "stage 09 + ping-pong warpgroups and the softmax under P·V (FP16, sm_90a)");
 }
 
 StageDescriptor overlap_bf16() {
-  return kernel::describe_tma_stage("10_overlap", Precision::bf16, &forward<__nv_bfloat16>,
-                                    "stage 09 + ping-pong warpgroups and the softmax under P·V (BF16, sm_90a)",
-                                    FA_SOURCE_HASH);
+  return describe(Precision::bf16, &forward<__nv_bfloat16>,
+                  "stage 09 + ping-pong warpgroups and the softmax under P·V (BF16, sm_90a)");
 }
 
 }  // namespace fa::stages

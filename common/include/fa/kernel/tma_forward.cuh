@@ -83,29 +83,45 @@ __device__ __forceinline__ void softmax_step(float (&scores)[kKeys / 2], int key
 }
 
 // The producer thread of a persistent block: pieces blockIdx.x, blockIdx.x + gridDim.x, ... (their
-// count `pieces`, each from piece_at(index)). A piece's Q lands in `query_tile` on query_full once
-// the consumers have released the last piece's on query_free (rows past Nq arrive as zeros). Ring
-// tile r, counted over all the block's pieces, goes to slot r % kStages (K tile, then V tile, of
-// kPanels panels of kKvPanelBytes each); K and V have barriers of their own both ways: QKᵀ can start
-// while V is still on its way, and the next K can land while the consumers still multiply by this
-// slot's V. From the second pass on each waits for its release, the phase of parity
-// (r / kStages - 1) % 2 (tma_ring.cuh).
-template <int kStages, int kKeys, int kPanels, int kQueryPanelBytes, int kKvPanelBytes, typename PieceAt>
-__device__ __forceinline__ void produce_pieces(const PieceAt& piece_at, const int& pieces, unsigned char* query_tile,
+// count `pieces`, each from piece_at(index)), or, with a queue (`piece_counter`, zeroed by the
+// launch), its first piece blockIdx.x and every later one the next that no block has taken yet:
+// gridDim.x + the counter's old value. Under the causal mask the pieces come heaviest first, so a
+// block that drew heavy pieces takes fewer of them.
+// Q has kQueryBuffers tiles in `query_tiles`, used in turn: the block's piece n lands in tile
+// b = n % kQueryBuffers on query_full[b] once the consumers have released that tile's last piece on
+// query_free[b] (rows past Nq arrive as zeros); with two, the next piece's Q lands while this one's
+// tiles are still computed. The piece's index goes to piece_slots[b] before query_full[b]
+// completes (the arrival releases it to the consumers, whose wait acquires it); after the last
+// piece, `pieces`, with an arrival of its own: there is no more work. Ring tile r, counted over
+// all the block's pieces, goes to slot r % kStages (K tile, then V tile, of kPanels panels of
+// kKvPanelBytes each); K and V have barriers of their own both ways: QKᵀ can start while V is still
+// on its way, and the next K can land while the consumers still multiply by this slot's V. From the
+// second pass on each waits for its release, the phase of parity (r / kStages - 1) % 2
+// (tma_ring.cuh).
+template <int kStages, int kKeys, int kPanels, int kQueryPanelBytes, int kKvPanelBytes, int kQueryBuffers,
+          typename PieceAt>
+__device__ __forceinline__ void produce_pieces(const PieceAt& piece_at, const int& pieces, unsigned char* query_tiles,
                                                unsigned char* ring, const CUtensorMap* query_map,
                                                const CUtensorMap* key_map, const CUtensorMap* value_map,
                                                uint64_t* query_full, uint64_t* query_free, uint64_t* key_full,
-                                               uint64_t* value_full, uint64_t* key_free, uint64_t* value_free) {
+                                               uint64_t* value_full, uint64_t* key_free, uint64_t* value_free,
+                                               int* piece_counter, int* piece_slots) {
   constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
   constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
   int ring_tile = 0;
   int round = 0;
-  for (int64_t index = blockIdx.x; index < pieces; index += gridDim.x, ++round) {
+  // Waits until Q tile `buffer` is free: from its second use on, the consumers' release of its last.
+  const auto wait_query_free = [&](int buffer) {
+    if (round >= kQueryBuffers) barrier_wait(&query_free[buffer], (round / kQueryBuffers - 1) & 1);
+  };
+  for (int64_t index = blockIdx.x; index < pieces; ++round) {
     const Piece piece = piece_at(index);
-    if (round > 0) barrier_wait(query_free, (round - 1) & 1);
-    barrier_arrive_expect_bytes(query_full, kQueryTileBytes);
-    copy_tile_to_shared<kPanels, kQueryPanelBytes>(query_tile, query_map, query_full, piece.first_row,
-                                                   piece.query_head);
+    const int buffer = round % kQueryBuffers;
+    wait_query_free(buffer);
+    piece_slots[buffer] = static_cast<int>(index);
+    barrier_arrive_expect_bytes(&query_full[buffer], kQueryTileBytes);
+    copy_tile_to_shared<kPanels, kQueryPanelBytes>(query_tiles + buffer * kQueryTileBytes, query_map,
+                                                   &query_full[buffer], piece.first_row, piece.query_head);
     for (int tile = 0; tile < piece.tiles; ++tile, ++ring_tile) {
       const int slot = ring_tile % kStages;
       const int pass = ring_tile / kStages;
@@ -123,6 +139,15 @@ __device__ __forceinline__ void produce_pieces(const PieceAt& piece_at, const in
                            shared_address(&value_full[slot]), panel * kPanelColumns, key_base, piece.kv_head);
       }
     }
+    // Taken once this piece's copies are issued: the atomic's round trip runs while the consumers
+    // work through the tiles still in the ring.
+    index = piece_counter == nullptr ? index + gridDim.x : gridDim.x + atomicAdd(piece_counter, 1);
+  }
+  if (piece_counter != nullptr) {
+    const int buffer = round % kQueryBuffers;
+    wait_query_free(buffer);
+    piece_slots[buffer] = pieces;
+    barrier_arrive(&query_full[buffer]);
   }
 }
 
