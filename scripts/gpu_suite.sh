@@ -111,6 +111,8 @@ phase_sanitize() {
       "--batch 1 --heads 2 --seq 150 --dim 64 --causal")
     is_backward_stage "$stage" && pass=(--pass bwd)
     is_wide_stage "$stage" && shapes+=("--batch 1 --heads 2 --seq 150 --dim 256 --causal" "--batch 2 --heads 1 --seq 70 --dim 200")
+    is_persistent_stage "$stage" && shapes+=("--batch 2 --heads 16 --seq 1024 --dim 128 --causal"
+      "--batch 2 --heads 16 --seq 1500 --dim 64 --causal --lse" "--batch 3 --heads 16 --seq 1000 --dim 64")
     # A decoding stage: split keys and a merge (D = 128, 100 on the synchronous copies, 256), and
     # enough query rows to fill the GPU without a split (one block writes O itself). 64 and 24
     # packed rows at D = 128 and 64 run stage 12's wgmma kernel on an H100 or H200.
@@ -165,6 +167,11 @@ is_backward_stage() { backward_stages && number_in "$1" "$backward_numbers"; }
 is_wide_stage() {
   [ "$1" = 14_fp8 ] || { cache_stage_numbers wide_numbers 's.max_dim >= 256' && number_in "$1" "$wide_numbers"; }
 }
+
+# The stages whose blocks are persistent (one per SM, each looping over pieces; under the causal
+# mask stage 10's take theirs from a queue): the sanitizer also runs them with more pieces than an
+# H200 has SMs (132), where a block's later pieces and the queue's handover run.
+is_persistent_stage() { [ "$1" = 10_overlap ] || [ "$1" = 14_fp8 ]; }
 
 # The decoding stages (fa_course.selection.DECODE_STAGES: 12_split_kv), by number, comma-separated.
 # They run their own kernel only for a few query rows against many keys and hand a square problem
