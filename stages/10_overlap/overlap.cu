@@ -442,7 +442,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         index += gridDim.x;
       } else {
         barrier_wait(&query_full[(round + 1) % T::kQueryBuffers], ((round + 1) / T::kQueryBuffers) & 1);
-        index = piece_slots[(round + 1) % T::kQueryBuffers];
+        index = atomicAdd(&piece_slots[(round + 1) % T::kQueryBuffers], 0);
       }
     }
     if (consumer == 0) take_turn();

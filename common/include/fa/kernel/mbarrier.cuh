@@ -40,15 +40,6 @@ __device__ __forceinline__ void barrier_arrive(uint64_t* barrier) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(barrier)) : "memory");
 }
 
-// Stores `value` in shared memory as 4 of the bytes `barrier`'s phase expects (st.async): the
-// waiter that sees the phase complete sees the value, as it sees the bytes a copy delivers.
-__device__ __forceinline__ void store_on_barrier(int* destination, int value, uint64_t* barrier) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(shared_address(destination)),
-      "r"(value), "r"(shared_address(barrier))
-      : "memory");
-}
-
 // Waits until the phase with parity `parity` (0 or 1) has completed. try_wait suspends the thread
 // for a while inside the instruction before it answers "not yet", so the loop does not spin hot.
 // Completion also makes the bytes the copies wrote visible to this thread.

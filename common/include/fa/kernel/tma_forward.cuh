@@ -86,17 +86,19 @@ __device__ __forceinline__ void softmax_step(float (&scores)[kKeys / 2], int key
 // count `pieces`, each from piece_at(index)), or, with a queue (`piece_counter`, zeroed by the
 // launch), its first piece blockIdx.x and every later one the next that no block has taken yet:
 // gridDim.x + the counter's old value. Under the causal mask the pieces come heaviest first, so a
-// block that drew heavy pieces takes fewer of them. Q has kQueryBuffers tiles in `query_tiles`,
-// used in turn: the block's piece n lands in tile b = n % kQueryBuffers on query_full[b] once the
-// consumers have released that tile's last piece on query_free[b] (rows past Nq arrive as zeros);
-// with two, the next piece's Q lands while this one's tiles are still computed. The piece's index
-// lands in piece_slots[b] as 4 more bytes of query_full[b]'s phase (store_on_barrier), so the
-// consumers' wait for Q also makes the index visible; after the last piece, `pieces`, in a phase of
-// its own: there is no more work. Ring tile r, counted over all the block's pieces, goes to slot r
-// % kStages (K tile, then V tile, of kPanels panels of kKvPanelBytes each); K and V have barriers
-// of their own both ways: QKᵀ can start while V is still on its way, and the next K can land while
-// the consumers still multiply by this slot's V. From the second pass on each waits for its
-// release, the phase of parity (r / kStages - 1) % 2 (tma_ring.cuh).
+// block that drew heavy pieces takes fewer of them.
+// Q has kQueryBuffers tiles in `query_tiles`, used in turn: the block's piece n lands in tile
+// b = n % kQueryBuffers on query_full[b] once the consumers have released that tile's last piece on
+// query_free[b] (rows past Nq arrive as zeros); with two, the next piece's Q lands while this one's
+// tiles are still computed. The piece's index goes to piece_slots[b] before query_full[b]
+// completes (the arrival releases it to the consumers, whose wait acquires it; the slot is a word
+// that threads signal through, so it is written and read only atomically); after the last
+// piece, `pieces`, with an arrival of its own: there is no more work. Ring tile r, counted over
+// all the block's pieces, goes to slot r % kStages (K tile, then V tile, of kPanels panels of
+// kKvPanelBytes each); K and V have barriers of their own both ways: QKᵀ can start while V is still
+// on its way, and the next K can land while the consumers still multiply by this slot's V. From the
+// second pass on each waits for its release, the phase of parity (r / kStages - 1) % 2
+// (tma_ring.cuh).
 template <int kStages, int kKeys, int kPanels, int kQueryPanelBytes, int kKvPanelBytes, int kQueryBuffers,
           typename PieceAt>
 __device__ __forceinline__ void produce_pieces(const PieceAt& piece_at, const int& pieces, unsigned char* query_tiles,
@@ -117,8 +119,8 @@ __device__ __forceinline__ void produce_pieces(const PieceAt& piece_at, const in
     const Piece piece = piece_at(index);
     const int buffer = round % kQueryBuffers;
     wait_query_free(buffer);
-    barrier_arrive_expect_bytes(&query_full[buffer], kQueryTileBytes + sizeof(int));
-    store_on_barrier(&piece_slots[buffer], static_cast<int>(index), &query_full[buffer]);
+    atomicExch(&piece_slots[buffer], static_cast<int>(index));
+    barrier_arrive_expect_bytes(&query_full[buffer], kQueryTileBytes);
     copy_tile_to_shared<kPanels, kQueryPanelBytes>(query_tiles + buffer * kQueryTileBytes, query_map,
                                                    &query_full[buffer], piece.first_row, piece.query_head);
     for (int tile = 0; tile < piece.tiles; ++tile, ++ring_tile) {
@@ -145,8 +147,8 @@ __device__ __forceinline__ void produce_pieces(const PieceAt& piece_at, const in
   if (piece_counter != nullptr) {
     const int buffer = round % kQueryBuffers;
     wait_query_free(buffer);
-    barrier_arrive_expect_bytes(&query_full[buffer], sizeof(int));
-    store_on_barrier(&piece_slots[buffer], pieces, &query_full[buffer]);
+    atomicExch(&piece_slots[buffer], pieces);
+    barrier_arrive(&query_full[buffer]);
   }
 }
 
