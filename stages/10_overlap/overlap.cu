@@ -18,13 +18,13 @@
 //     ordered by named barriers (bar.sync to take the turn, bar.arrive to pass it on), so that one
 //     warpgroup's products run while the other computes its softmax.
 //
-// And one change fills the gaps between pieces of work: without the causal mask (and up to D = 128)
-// the blocks are persistent, one per SM, each looping over (query tile, head) pieces. A stage 09
-// block computed one piece and exited; the next block then had to start, set up its barriers and
-// wait for its first Q and K before any product could run: gaps that weigh most at short sequences
-// (N = 1024: 8 K/V tiles a piece). Here the producer runs ahead into the next piece: its K/V tiles
-// fill the ring, and its Q lands in the Q tile, while the consumers still finish the last piece's
-// P·V and write its O.
+// And one change fills the gaps between pieces of work: up to D = 128 the blocks are persistent,
+// one per SM, each looping over (query tile, head) pieces (under the causal mask taken from a queue,
+// heaviest first). A stage 09 block computed one piece and exited; the next block then had to
+// start, set up its barriers and wait for its first Q and K before any product could run: gaps that
+// weigh most at short sequences (N = 1024: 8 K/V tiles a piece). Here the producer runs ahead into
+// the next piece: its K/V tiles fill the ring, and its Q lands in the other Q tile, while the
+// consumers still finish the last piece's P·V and write its O.
 //
 // Everything else (causal masking, grouped-query heads, Nq != Nk, any N, head dims 1 .. 256 in three
 // buckets with padded copies for D % 8 != 0, the log-sum-exp, the TMA store of O) is stage 09's;
