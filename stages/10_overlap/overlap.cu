@@ -134,9 +134,7 @@ struct Tiling {
   // staged in the Q tile, as in stage 09.
   static constexpr bool kOutTile = kBaseBytes + kQueryTileBytes <= kSharedBytesPerBlock;
   // A second Q tile where that fits too (D = 64 and 128): the next piece's Q lands while this piece
-  // is computed, and a warpgroup issues the next piece's first S = Q·Kᵀ beside this piece's last
-  // P·V, whose wait then ends before the epilogue instead of before the next piece's first product
-  // (README, "Persistent blocks").
+  // is computed (README, "Persistent blocks").
   static constexpr int kQueryBuffers = kOutTile && kBaseBytes + 2 * kQueryTileBytes <= kSharedBytesPerBlock ? 2 : 1;
   static constexpr int kSharedBytes =
       kBaseBytes + (kOutTile ? kQueryTileBytes : 0) + (kQueryBuffers - 1) * kQueryTileBytes;
