@@ -14,6 +14,7 @@
 
 #include "fa/causal.hpp"
 #include "fa/cuda_check.hpp"
+#include "fa/kernel/accumulator_softmax.cuh"
 #include "fa/kernel/convert.cuh"
 #include "fa/kernel/cp_async.cuh"
 #include "fa/kernel/dependent_launch.cuh"
@@ -122,32 +123,9 @@ __device__ __forceinline__ void mask_scores(float (&scores)[4 * kTiles], int fir
   }
 }
 
-// Stage 08's online softmax on a tile of scores: the tile's row max over the four threads of each
-// row, the new running max m (log2 units: s · scale · log2 e), `rescale` = 2^(m_old − m_new) for
-// O and l, then p = 2^(s · scale · log2 e − m) in place of s, added into this thread's share of l.
-template <int kTiles>
-__device__ __forceinline__ void online_softmax(float (&scores)[4 * kTiles], float (&row_max)[2], float (&row_sum)[2],
-                                               float (&rescale)[2], float scale_log2) {
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float tile_max = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kTiles; ++j) {
-      tile_max = fmaxf(tile_max, fmaxf(scores[4 * j + 2 * half], scores[4 * j + 2 * half + 1]));
-    }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 1));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 2));
-    const float new_max = fmaxf(row_max[half], tile_max * scale_log2);
-    rescale[half] = kernel::fast_exp2(row_max[half] - new_max);
-    row_max[half] = new_max;
-    row_sum[half] *= rescale[half];
-  }
-#pragma unroll
-  for (int i = 0; i < 4 * kTiles; ++i) {
-    scores[i] = kernel::fast_exp2(fmaf(scores[i], scale_log2, -row_max[i % 4 / 2]));
-    row_sum[i % 4 / 2] += scores[i];
-  }
-}
+// Stage 08's online softmax on a tile of scores (the row max over the four threads of each row,
+// the rescale of O and l, p = 2^(s · scale · log2 e − m) in place of s): the kit's.
+using kernel::online_softmax;
 
 // P as the A fragments of P·V: score tiles 2j and 2j + 1 hold keys 16j .. 16j + 15 of this thread's
 // two rows, where mma.m16n8k16's A (and wgmma's register A) wants them: {top row, keys 2·quad and
