@@ -527,7 +527,8 @@ Status launch(const Problem& problem, const QuantizedInputs& inputs, Element* o,
   const int64_t query_tiles = (problem.q_seq + T::kQueryRows - 1) / T::kQueryRows;
   const int64_t pieces = query_tiles * problem.q_heads_total();
   FA_STATUS_TRY(check_grid(pieces));
-  // Persistent blocks without the causal mask, one block per piece with it (stage 10's reasons).
+  // Persistent blocks without the causal mask; with it one block per piece (stage 10 takes causal
+  // pieces from a queue instead, which this stage does not).
   int64_t blocks = pieces;
   if (!problem.causal) {
     int device = 0;
