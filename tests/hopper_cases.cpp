@@ -55,6 +55,22 @@ void hopper_causal_buckets(StageFactories factories) {
   }
 }
 
+void hopper_many_pieces(StageFactories factories) {
+  // More pieces (query tiles x heads) than an H100 or H200 has SMs (132): stage 10's persistent
+  // blocks take several each, the ring and the Q tiles running on across them, under the mask from
+  // the queue (pieces of one to three tiles, heaviest first). 256 pieces in each bucket that
+  // loops (Br = 128 at D = 128, 192 at D = 64); every row and the log-sum-exp checked.
+  for (const auto factory : factories) {
+    const StageDescriptor stage = factory();
+    require_stage_runnable(stage);
+    uint64_t seed = 980;
+    for (const bool causal : {false, true}) {
+      check_stage_on(stage, random_inputs(Problem::square(8, 16, 256, 128, causal), seed++), 0, true);
+      check_stage_on(stage, random_inputs(Problem::square(8, 16, 384, 64, causal), seed++), 0, true);
+    }
+  }
+}
+
 void hopper_general_buckets(StageFactories factories) {
   // {B, Hq, Hkv, Nq, Nk, D}: a group of 4 query heads per K/V head; queries at the end of a longer
   // sequence (Nq < Nk, several query tiles); more queries than keys (under the mask the first

@@ -16,6 +16,7 @@ void hopper_buckets(StageFactories factories);
 void hopper_padded_dims(StageFactories factories);
 void hopper_causal_buckets(StageFactories factories);
 void hopper_general_buckets(StageFactories factories);
+void hopper_many_pieces(StageFactories factories);
 // No GPU needed: the descriptor, the workspace sizes, and a misaligned pointer refused before any
 // CUDA call. The factories are FP16 then BF16.
 void hopper_descriptor(StageFactories factories);
@@ -35,6 +36,9 @@ void hopper_descriptor(StageFactories factories);
   }                                                                                                       \
   TEST_CASE(prefix ": grouped heads and Nq != Nk in every bucket, causal or not, with the log-sum-exp") { \
     fa::test::hopper_general_buckets({__VA_ARGS__});                                                      \
+  }                                                                                                       \
+  TEST_CASE(prefix ": more pieces than SMs, causal or not, with the log-sum-exp") {                       \
+    fa::test::hopper_many_pieces({__VA_ARGS__});                                                          \
   }                                                                                                       \
   TEST_CASE(prefix ": declares what it takes, and refuses misaligned inputs before touching the GPU") {   \
     fa::test::hopper_descriptor({__VA_ARGS__});                                                           \

@@ -54,7 +54,7 @@ Problem general(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_seq,
   return {batch, q_heads, kv_heads, q_seq, kv_seq, dim, causal};
 }
 
-// The shapes: partial tiles everywhere, D off the buckets, GQA, Nq != Nk both ways.
+// The shapes: partial tiles everywhere, D off the buckets, GQA, Nq != Nk both ways, many pieces.
 std::vector<Problem> forward_shapes() {
   std::vector<Problem> shapes;
   for (const bool causal : {false, true}) {
@@ -65,6 +65,9 @@ std::vector<Problem> forward_shapes() {
     shapes.push_back(general(1, 1, 1, 65, 17, 37, causal));  // D % 8 != 0: O element by element
     shapes.push_back(general(1, 2, 1, 1, 130, 1, causal));
   }
+  // More pieces than an H100's or H200's 132 SMs: the persistent blocks' later pieces (256 each).
+  shapes.push_back(general(8, 16, 16, 256, 256, 128, false));
+  shapes.push_back(general(8, 16, 16, 384, 384, 64, false));
   return shapes;
 }
 
