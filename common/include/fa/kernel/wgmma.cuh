@@ -21,7 +21,7 @@ constexpr int kWarpgroupThreads = 128;  // four consecutive warps, the first at 
 // This thread's warpgroup, read from lane 0: the compiler then knows that a warp holds one value, and
 // what derives from it (a consumer's matrix descriptors) stays in uniform registers, where wgmma
 // reads them; from threadIdx.x alone every descriptor is moved over (R2UR) before each wgmma
-// (stage 13's README, "Tried and dropped", where it was measured first).
+// (stage 13's README, "Tried and dropped", measures what it buys).
 __device__ __forceinline__ int uniform_warpgroup() {
   return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
 }
