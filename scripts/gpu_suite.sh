@@ -327,11 +327,12 @@ phase_torch() {
       --stages "$general" --peers torch_flash,torch_cudnn --out "$out/data/torch.csv" >>"$out/logs/torch.log" 2>&1 ||
       status=1
   fi
-  # The backward pass alone (pass = bwd) at issue 20's shapes and its lower bound N = 2048, FP16 and
-  # BF16, with and without the mask, beside PyTorch's fused backward passes.
+  # The backward pass alone (pass = bwd) at issue 20's shapes, its lower bound N = 2048 and D = 256,
+  # FP16 and BF16, with and without the mask, beside PyTorch's fused backward passes.
   if [ -n "$backward" ]; then
     python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --pass bwd --causal both \
-      --shapes 4x16x2048x64,4x16x2048x128,4x16x4096x64,4x16x4096x128,1x16x16384x128 --stages "$backward" \
+      --shapes 4x16x2048x64,4x16x2048x128,4x16x4096x64,4x16x4096x128,1x16x16384x128,4x16x4096x256 \
+      --stages "$backward" \
       --dtype fp16,bf16 --peers torch_flash,torch_cudnn,torch_efficient --out "$out/data/torch.csv" \
       >>"$out/logs/torch.log" 2>&1 || status=1
     # Forward and backward in one timed call, as a training step runs them (pass = fwd+bwd).
