@@ -122,36 +122,43 @@ TEST_CASE("stage13: describes what it takes") {
     const int64_t own = 4 * (rows * 64 + 2 * rows + rows / 64 * 2);
     const int64_t fallback = fa::workspace_bytes(fa::stages::backward_fp16(), problem, fa::Pass::backward);
     CHECK(fa::workspace_bytes(stage, problem, fa::Pass::backward) == std::max(own, fallback));
+    // D = 200 takes the 256 bucket: rows of 256 floats.
     const fa::Problem wide = fa::Problem::square(2, 3, 100, 200);
+    const int64_t wide_own = 4 * (rows * 256 + 2 * rows + rows / 64 * 2);
     CHECK(fa::workspace_bytes(stage, wide, fa::Pass::backward) ==
-          fa::workspace_bytes(fa::stages::backward_fp16(), wide, fa::Pass::backward));
+          std::max(wide_own, fa::workspace_bytes(fa::stages::backward_fp16(), wide, fa::Pass::backward)));
+    // D not a multiple of 8 is stage 11's.
+    const fa::Problem odd = fa::Problem::square(2, 3, 100, 100);
+    CHECK(fa::workspace_bytes(stage, odd, fa::Pass::backward) ==
+          fa::workspace_bytes(fa::stages::backward_fp16(), odd, fa::Pass::backward));
     CHECK_FALSE(fa::unsupported_reason(stage, fa::Problem::square(1, 1, 64, 257), true, fa::Pass::backward).empty());
     CHECK(fa::unsupported_reason(stage, fa::Problem{2, 8, 2, 70, 35, 100, true}, true, fa::Pass::backward).empty());
   }
 }
 
-TEST_CASE("stage13: the wgmma backward matches the reference gradients in both buckets") {
-  // D 8 .. 64 take the 64 bucket (Br = 128), 72 .. 128 the 128 bucket (Br = 64); N = 1, 31, 64,
-  // 65, 130, 197, 300: less than a tile, whole tiles, several key and query tiles with partial ones.
+TEST_CASE("stage13: the wgmma backward matches the reference gradients in every bucket") {
+  // D 8 .. 64 take the 64 bucket (Br = 128), 72 .. 128 the 128 bucket (Br = 64), 136 .. 256 the
+  // 256 bucket (64 keys a block, dK and dV split by dims); N = 1, 31, 64, 65, 130, 197, 300: less
+  // than a tile, whole tiles, several key and query tiles with partial ones.
   for (const auto factory : kStages) {
     const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 1300;
     for (const int64_t seq : {1, 31, 64, 65, 130, 197, 300}) {
-      for (const int64_t dim : {8, 40, 64, 72, 96, 128})
+      for (const int64_t dim : {8, 40, 64, 72, 96, 128, 136, 200, 256})
         check_backward(stage, fa::Problem::square(2, 2, seq, dim), seed++);
     }
   }
 }
 
 TEST_CASE("stage13: head dims it does not take go to stage 11 and match the reference") {
-  // D not a multiple of 8 (TMA cannot describe the rows), and D > 128.
+  // D not a multiple of 8: TMA cannot describe the rows.
   for (const auto factory : kStages) {
     const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 1350;
     for (const int64_t seq : {1, 65, 197}) {
-      for (const int64_t dim : {1, 17, 100, 136, 256})
+      for (const int64_t dim : {1, 17, 100, 138, 250})
         check_backward(stage, fa::Problem::square(2, 2, seq, dim), seed++);
     }
   }
@@ -165,7 +172,7 @@ TEST_CASE("stage13: the wgmma backward under the causal mask") {
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 1400;
     for (const int64_t seq : {1, 5, 63, 64, 65, 100, 128, 129, 256, 333}) {
-      for (const int64_t dim : {40, 64, 96, 128})
+      for (const int64_t dim : {40, 64, 96, 128, 256})
         check_backward(stage, fa::Problem::square(2, 1, seq, dim, true), seed++);
     }
   }
@@ -178,7 +185,7 @@ TEST_CASE("stage13: the wgmma backward takes grouped-query heads and Nq != Nk") 
     const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 1500;
-    for (const int64_t dim : {64, 128, 48, 112}) {
+    for (const int64_t dim : {64, 128, 48, 112, 256}) {
       for (const fa::Problem& problem : general_problems(dim)) check_backward(stage, problem, seed++);
     }
   }
@@ -191,6 +198,7 @@ TEST_CASE("stage13: the wgmma backward stays correct with logits of magnitude 1e
     for (const bool causal : {false, true}) {
       check_backward(stage, fa::large_logit_inputs(fa::Problem::square(2, 1, 200, 64, causal), 1600), 1600);
       check_backward(stage, fa::large_logit_inputs(fa::Problem::square(1, 2, 150, 128, causal), 1601), 1601);
+      check_backward(stage, fa::large_logit_inputs(fa::Problem::square(1, 2, 150, 256, causal), 1602), 1602);
     }
   }
 }
@@ -201,7 +209,7 @@ TEST_CASE("stage13: with FA_DETERMINISTIC=1 dQ's additions go in key order and m
     const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);
     uint64_t seed = 1700;
-    for (const int64_t dim : {64, 128, 96}) {
+    for (const int64_t dim : {64, 128, 96, 256}) {
       check_backward(stage, fa::Problem::square(2, 2, 300, dim), seed++);
       check_backward(stage, fa::Problem::square(2, 1, 333, dim, true), seed++);
       check_backward(stage, fa::Problem{2, 8, 2, 150, 270, dim, true}, seed++);
@@ -210,14 +218,14 @@ TEST_CASE("stage13: with FA_DETERMINISTIC=1 dQ's additions go in key order and m
 }
 
 TEST_CASE("stage13: with FA_DETERMINISTIC=1 two calls give the same bits") {
-  // Many key tiles add to every dQ tile (Nk = 2048: 16 of them), where the atomics' order varies
+  // Many key tiles add to every dQ tile (Nk = 2048: 16 of 128 keys, 32 of 64), where the atomics' order varies
   // from run to run; in key order the sums are the same bits every time.
   const DeterministicMode deterministic;
   for (const auto factory : kStages) {
     const fa::StageDescriptor stage = factory();
     fa::test::require_stage_runnable(stage);
     for (const bool causal : {false, true}) {
-      for (const int64_t dim : {64, 128}) {
+      for (const int64_t dim : {64, 128, 256}) {
         const fa::Problem problem{2, 4, 2, 512, 2048, dim, causal};
         const bool bf16 = stage.precision == fa::Precision::bf16;
         std::vector<fa::DeviceBuffer> inputs;

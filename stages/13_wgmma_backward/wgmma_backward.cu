@@ -89,11 +89,10 @@ using kernel::launch_dependents;
 using kernel::pack_pair;
 using kernel::wait_for_prerequisite;
 
-constexpr int kKeys = 128;     // Bc: the keys of a block, two consumer warpgroups of 64
+constexpr int kKeys = 128;     // Bc: the keys of a block, two consumer warpgroups of 64 (D <= 128)
 constexpr int kConsumers = 2;  // consumer warpgroups
 constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
-constexpr int kMaxDim = 256;         // with stage 11 beyond 128
-constexpr int kMaxOwnDim = 128;      // this stage's own kernels
+constexpr int kMaxDim = 256;         // this stage's own kernels take D a multiple of 8 up to here
 constexpr int kAlignElements = 8;    // TMA: a row's byte stride is a multiple of 16
 constexpr int kWorkspaceRows = 128;  // each query head's rows in the workspaces: a multiple of every Br
 constexpr int kProducerRegisters = 24;
@@ -103,13 +102,17 @@ constexpr int kConsumerRegisters = 240;
 constexpr int kScoresReadyBarrier = 1;
 constexpr int kTurnBarrier = 2;
 
+// Br, the queries of a step, by head-dim bucket (the Tilings below say why).
+constexpr int step_queries(int dim) { return dim <= 64 ? 128 : 64; }
+
 // Everything that sizes the kernel of one head-dim bucket (64 or 128).
 template <int kDim>
 struct Tiling {
   // Br, the queries of a step. The registers decide: a consumer thread holds dK and dV (kDim
   // floats), Sᵀ and dPᵀ (Br floats) and their 16-bit copies; at D = 128 Br = 64 fills 240
   // registers, at D = 64 Br = 128 does.
-  static constexpr int kQueries = kDim <= 64 ? 128 : 64;
+  static constexpr int kQueries = step_queries(kDim);
+  static constexpr int kBlockKeys = kKeys;
   static constexpr int kStages = 2;  // query tiles in the ring
   static constexpr int kPanels = kDim / kPanelColumns;
   static constexpr int kKvPanelBytes = kKeys * kPanelRowBytes;
@@ -133,8 +136,35 @@ struct Tiling {
   static_assert(kSharedBytes <= 227 * 1024, "one block's shared memory on an H100/H200");
 };
 
-// dQ's FP32 workspace holds each query tile (Br × kDim) as two 64 x 64 consumer parts (64 dims
-// each at D = 128, 64 queries each at D = 64), each in the order its consumer stages it, which is
+// D = 256 (the bucket of D 136 .. 256): a consumer cannot hold dK and dV of 64 keys (256 registers
+// a thread), so a block owns 64 keys and each consumer keeps dK and dV of all of them for half of
+// the dims (128 registers). Sᵀ and dPᵀ are split by queries instead, 32 of a step's 64 each, and go
+// through shared memory (Pᵀ and dSᵀ, 64 keys x 64 queries, two buffers), where both consumers read
+// them as the A of dV, dK and dQ. K, V (32 KB each), two ring slots of Q and dO (64 KB each) and
+// the four score tiles (8 KB each) fill 226 KB.
+struct WideTiling {
+  static constexpr int kDim = 256;
+  static constexpr int kBlockKeys = 64;
+  static constexpr int kQueries = step_queries(kDim);
+  static constexpr int kConsumerQueries = kQueries / kConsumers;  // the N of Sᵀ and dPᵀ
+  static constexpr int kConsumerDims = kDim / kConsumers;         // dK, dV and dQ of a consumer
+  static constexpr int kStages = 2;
+  static constexpr int kPanels = kDim / kPanelColumns;
+  static constexpr int kKvPanelBytes = kBlockKeys * kPanelRowBytes;
+  static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
+  static constexpr int kQueryPanelBytes = kQueries * kPanelRowBytes;
+  static constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
+  static constexpr int kScoreTileBytes = kBlockKeys * kPanelRowBytes;  // rows: keys; 64 queries of 2 bytes
+  static constexpr int kRowBytes = kQueries * 4;
+  static constexpr int kBarriers = 1 + 2 * kStages;
+  static constexpr int kSharedBytes = kSwizzleBytes + 2 * kKvTileBytes + kStages * 2 * kQueryTileBytes +
+                                      2 * 2 * kScoreTileBytes + kStages * 2 * kRowBytes + kBarriers * 8;
+  static_assert(kQueries == kPanelColumns && kBlockKeys == kMmaRows, "one 64 x 64 panel of Pᵀ and of dSᵀ");
+  static_assert(kSharedBytes <= 227 * 1024, "one block's shared memory on an H100/H200");
+};
+
+// dQ's FP32 workspace holds each query tile (Br × kDim) as 64 x 64 consumer parts (64 queries
+// each at D = 64, else 64 dims each: two at D = 128, four at D = 256), each in the order its consumer stages it, which is
 // the accumulator layout: the warpgroup's 128 threads' registers 4e .. 4e + 3 side by side for
 // e = 0 .. 7 (one 16-byte store or atomic a thread, a warp's 512 bytes contiguous). Float4 number
 // e · 128 + t of a part is thread t's accumulators 4e .. 4e + 3: rows r and r + 8, columns c and
@@ -145,15 +175,14 @@ struct PartPlace {
 };
 template <int kDim>
 __device__ __forceinline__ PartPlace part_place(int float4_in_tile) {
-  using T = Tiling<kDim>;
+  constexpr int kScorePanels = step_queries(kDim) / kPanelColumns;
   constexpr int kPartFloat4s = kMmaRows * kPanelColumns / 4;
   const int part = float4_in_tile / kPartFloat4s;
   const int e = float4_in_tile % kPartFloat4s / kWarpgroupThreads;
   const int t = float4_in_tile % kWarpgroupThreads;
   const int row = t / kWarpSize * 16 + t % kWarpSize / 4;
   const int column = e * kMmaColumns + t % 4 * 2;
-  return T::kScorePanels == 2 ? PartPlace{part * kMmaRows + row, column}
-                              : PartPlace{row, part * kPanelColumns + column};
+  return kScorePanels == 2 ? PartPlace{part * kMmaRows + row, column} : PartPlace{row, part * kPanelColumns + column};
 }
 
 // 1D bulk copy global -> shared (no tensor map), completing on `barrier`: the LSE and D of a step.
@@ -186,6 +215,41 @@ __device__ __forceinline__ void wgmma_transposed(float (&d)[32], uint64_t a_desc
     FA_STAGE13_WGMMA("bf16")
   }
 #undef FA_STAGE13_WGMMA
+}
+
+// The products of D = 256 (WideTiling), both operands in shared memory: Sᵀ and dPᵀ of a consumer's
+// 32 queries (m64n32k16, both K-major), and dV += Pᵀ dO, dK += dSᵀ Q over 128 dims (m64n128k16, A
+// K-major: Pᵀ's rows are keys with the queries along them; B MN-major, as V in P·V). `accumulate`
+// false overwrites the accumulators.
+template <typename Element>
+__device__ __forceinline__ void wgmma_narrow(float (&d)[16], uint64_t a_descriptor, uint64_t b_descriptor,
+                                             bool accumulate) {
+#define FA_STAGE13_NARROW(type)                                                                                       \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32." type "." type \
+               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"   \
+               : FA_WGMMA_OPERANDS_8(FA_WGMMA_READ_WRITE, d, 0), FA_WGMMA_OPERANDS_8(FA_WGMMA_READ_WRITE, d, 8)       \
+               : "l"(a_descriptor), "l"(b_descriptor), "r"(static_cast<int>(accumulate)));
+  if constexpr (std::is_same_v<Element, __half>) {
+    FA_STAGE13_NARROW("f16")
+  } else {
+    FA_STAGE13_NARROW("bf16")
+  }
+#undef FA_STAGE13_NARROW
+}
+
+template <typename Element>
+__device__ __forceinline__ void wgmma_half_dims(float (&d)[64], uint64_t a_descriptor, uint64_t b_descriptor) {
+#define FA_STAGE13_HALF_DIMS(type)                                                                            \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." type "." type " " FA_WGMMA_REGISTERS_64 \
+               ", %64, %65, 1, 1, 1, 0, 1;\n"                                                                \
+               : FA_WGMMA_OPERANDS_64(FA_WGMMA_READ_WRITE, d)                                                 \
+               : "l"(a_descriptor), "l"(b_descriptor));
+  if constexpr (std::is_same_v<Element, __half>) {
+    FA_STAGE13_HALF_DIMS("f16")
+  } else {
+    FA_STAGE13_HALF_DIMS("bf16")
+  }
+#undef FA_STAGE13_HALF_DIMS
 }
 
 // The two 16-bit elements of a 32-bit word as FP32, the low half first (pack_pair's inverse).
@@ -262,8 +326,8 @@ constexpr int kConvertFloat4s = 4;
 template <typename Element, int kDim>
 __global__ void scale_grad_query_kernel(const float4* __restrict__ accumulated, Element* __restrict__ grad_q,
                                         int64_t float4s, int q_seq, int workspace_head_rows, int dim, float scale) {
-  using T = Tiling<kDim>;
-  constexpr int kTileFloat4s = T::kQueries * kDim / 4;
+  constexpr int kQueries = step_queries(kDim);
+  constexpr int kTileFloat4s = kQueries * kDim / 4;
   wait_for_prerequisite();  // launched early (programmatic dependent launch): dQ's sum is whole now
   const int64_t first_index = static_cast<int64_t>(blockIdx.x) * blockDim.x * kConvertFloat4s + threadIdx.x;
   float4 sums[kConvertFloat4s];
@@ -272,7 +336,7 @@ __global__ void scale_grad_query_kernel(const float4* __restrict__ accumulated, 
     const int64_t index = first_index + k * blockDim.x;
     sums[k] = index < float4s ? accumulated[index] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  const int tiles_per_head = workspace_head_rows / T::kQueries;
+  const int tiles_per_head = workspace_head_rows / kQueries;
 #pragma unroll
   for (int k = 0; k < kConvertFloat4s; ++k) {
     const int64_t index = first_index + k * blockDim.x;
@@ -281,7 +345,7 @@ __global__ void scale_grad_query_kernel(const float4* __restrict__ accumulated, 
     const PartPlace place = part_place<kDim>(static_cast<int>(index % kTileFloat4s));
     // dim is a multiple of 8: both columns of a pair are in or out.
     if (index >= float4s || place.column >= dim) continue;
-    const int row = static_cast<int>(tile % tiles_per_head) * T::kQueries + place.row;
+    const int row = static_cast<int>(tile % tiles_per_head) * kQueries + place.row;
     Element* first = grad_q + (head * q_seq + row) * dim + place.column;
     if (row < q_seq) {
       *reinterpret_cast<unsigned*>(first) = kernel::pack_pair<Element>(sums[k].x * scale, sums[k].y * scale);
@@ -289,6 +353,53 @@ __global__ void scale_grad_query_kernel(const float4* __restrict__ accumulated, 
     if (row + 8 < q_seq) {
       *reinterpret_cast<unsigned*>(first + 8 * dim) = kernel::pack_pair<Element>(sums[k].z * scale, sums[k].w * scale);
     }
+  }
+}
+
+// The producer, thread 0 of warpgroup 0: K and V of the block's keys once, then Q, dO, the LSE and D
+// of every step into the ring. Step s is query tile s % query_tiles of the group's query head
+// s / query_tiles.
+template <typename T>
+__device__ __forceinline__ void produce_steps(const CUtensorMap* query_map, const CUtensorMap* grad_out_map,
+                                              const CUtensorMap* key_map, const CUtensorMap* value_map,
+                                              unsigned char* key_tile, unsigned char* value_tile, unsigned char* ring,
+                                              float* row_data, uint64_t* kv_full, uint64_t* slot_full,
+                                              uint64_t* slot_free, const float* lse_log2, const float* row_delta,
+                                              int key_base, int kv_head, int first_query_head, int first_query_tile,
+                                              int query_tiles, int steps, int workspace_head_rows) {
+  using namespace kernel;
+  prefetch_tensor_map(query_map);
+  prefetch_tensor_map(grad_out_map);
+  prefetch_tensor_map(key_map);
+  prefetch_tensor_map(value_map);
+  barrier_arrive_expect_bytes(kv_full, 2 * T::kKvTileBytes);
+  for (int panel = 0; panel < T::kPanels; ++panel) {
+    copy_box_to_shared(shared_address(key_tile + panel * T::kKvPanelBytes), key_map, shared_address(kv_full),
+                       panel * kPanelColumns, key_base, kv_head);
+    copy_box_to_shared(shared_address(value_tile + panel * T::kKvPanelBytes), value_map, shared_address(kv_full),
+                       panel * kPanelColumns, key_base, kv_head);
+  }
+  // K and V are inputs; the LSE and D are the preprocessing's, which may still be running.
+  wait_for_prerequisite();
+  for (int step = 0; step < steps; ++step) {
+    const int slot = step % T::kStages;
+    // Pass n of the ring reuses the slot once the consumers have freed it from pass n − 1.
+    if (step >= T::kStages) barrier_wait(&slot_free[slot], (step / T::kStages - 1) & 1);
+    const int head = first_query_head + step / query_tiles;
+    const int row = (first_query_tile + step % query_tiles) * T::kQueries;
+    unsigned char* query_slot = ring + slot * 2 * T::kQueryTileBytes;
+    const unsigned full = shared_address(&slot_full[slot]);
+    barrier_arrive_expect_bytes(&slot_full[slot], 2 * T::kQueryTileBytes + 2 * T::kRowBytes);
+    for (int panel = 0; panel < T::kPanels; ++panel) {
+      copy_box_to_shared(shared_address(query_slot + panel * T::kQueryPanelBytes), query_map, full,
+                         panel * kPanelColumns, row, head);
+      copy_box_to_shared(shared_address(query_slot + T::kQueryTileBytes + panel * T::kQueryPanelBytes), grad_out_map,
+                         full, panel * kPanelColumns, row, head);
+    }
+    const int64_t first = static_cast<int64_t>(head) * workspace_head_rows + row;
+    float* slot_rows = row_data + slot * 2 * T::kQueries;
+    copy_bytes_to_shared(shared_address(slot_rows), lse_log2 + first, T::kRowBytes, full);
+    copy_bytes_to_shared(shared_address(slot_rows + T::kQueries), row_delta + first, T::kRowBytes, full);
   }
 }
 
@@ -342,8 +453,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int first_query_tile = causal ? max(0, key_base + q_seq - kv_seq) / T::kQueries : 0;
   const int query_tiles = (q_seq + T::kQueries - 1) / T::kQueries - first_query_tile;
   const int steps = group_size * query_tiles;  // (query head of the group, query tile) pairs
-  const auto step_head = [&](int step) { return first_query_head + step / query_tiles; };
-  const auto step_row = [&](int step) { return (first_query_tile + step % query_tiles) * T::kQueries; };
 
   if (threadIdx.x == 0) {
     barrier_init(kv_full, 1);
@@ -363,39 +472,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- The producer: K and V once, then Q, dO, LSE and D of every step into the ring ----------
     release_registers<kProducerRegisters>();
     if (threadIdx.x == 0) {
-      prefetch_tensor_map(&query_map);
-      prefetch_tensor_map(&grad_out_map);
-      prefetch_tensor_map(&key_map);
-      prefetch_tensor_map(&value_map);
-      barrier_arrive_expect_bytes(kv_full, 2 * T::kKvTileBytes);
-      for (int panel = 0; panel < T::kPanels; ++panel) {
-        copy_box_to_shared(shared_address(key_tile + panel * T::kKvPanelBytes), &key_map, shared_address(kv_full),
-                           panel * kPanelColumns, key_base, kv_head);
-        copy_box_to_shared(shared_address(value_tile + panel * T::kKvPanelBytes), &value_map, shared_address(kv_full),
-                           panel * kPanelColumns, key_base, kv_head);
-      }
-      // K and V are inputs; the LSE and D are the preprocessing's, which may still be running.
-      wait_for_prerequisite();
-      for (int step = 0; step < steps; ++step) {
-        const int slot = step % T::kStages;
-        // Pass n of the ring reuses the slot once the consumers have freed it from pass n − 1.
-        if (step >= T::kStages) barrier_wait(&slot_free[slot], (step / T::kStages - 1) & 1);
-        const int head = step_head(step);
-        const int row = step_row(step);
-        unsigned char* query_slot = ring + slot * 2 * T::kQueryTileBytes;
-        const unsigned full = shared_address(&slot_full[slot]);
-        barrier_arrive_expect_bytes(&slot_full[slot], 2 * T::kQueryTileBytes + 2 * T::kRowBytes);
-        for (int panel = 0; panel < T::kPanels; ++panel) {
-          copy_box_to_shared(shared_address(query_slot + panel * T::kQueryPanelBytes), &query_map, full,
-                             panel * kPanelColumns, row, head);
-          copy_box_to_shared(shared_address(query_slot + T::kQueryTileBytes + panel * T::kQueryPanelBytes),
-                             &grad_out_map, full, panel * kPanelColumns, row, head);
-        }
-        const int64_t first = static_cast<int64_t>(head) * workspace_head_rows + row;
-        float* slot_rows = row_data + slot * 2 * T::kQueries;
-        copy_bytes_to_shared(shared_address(slot_rows), lse_log2 + first, T::kRowBytes, full);
-        copy_bytes_to_shared(shared_address(slot_rows + T::kQueries), row_delta + first, T::kRowBytes, full);
-      }
+      produce_steps<T>(&query_map, &grad_out_map, &key_map, &value_map, key_tile, value_tile, ring, row_data, kv_full,
+                       slot_full, slot_free, lse_log2, row_delta, key_base, kv_head, first_query_head,
+                       first_query_tile, query_tiles, steps, workspace_head_rows);
     }
   } else {
     // ---- The consumers: 64 keys each -----------------------------------------------------------
@@ -441,8 +520,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     barrier_wait(kv_full, 0);
 
-    // The step's query head and first query row, stepped along (step_head and step_row without
-    // their division, which cost a reciprocal and some twenty instructions a step).
+    // The step's query head and first query row, stepped along (the producer's division would cost
+    // a reciprocal and some twenty instructions a step).
     int head = first_query_head;
     int query_base = first_query_tile * T::kQueries;
     const int last_query_base = (first_query_tile + query_tiles - 1) * T::kQueries;
@@ -629,15 +708,312 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// D = 256 (WideTiling): one block owns 64 keys of one K/V head; consumer c computes Sᵀ and dPᵀ of
+// queries 32c .. 32c + 31 of each step, and dK, dV and dQ of dims 128c .. 128c + 127:
+//
+//   product          M × N × K (consumer c)                 A from                 B from
+//   Sᵀ  = K Qᵀ       64 keys × 32 queries × 256 dims         shared (K, K-major)    shared (Q rows 32c .., K-major)
+//   dPᵀ = V dOᵀ      64 keys × 32 queries × 256 dims         shared (V, K-major)    shared (dO rows 32c .., K-major)
+//   dV += Pᵀ dO      64 keys × 128 dims × 64 queries         shared (Pᵀ, K-major)   shared (dO, MN-major)
+//   dK += dSᵀ Q      64 keys × 128 dims × 64 queries         shared (dSᵀ, K-major)  shared (Q, MN-major)
+//   dQ  = dS K       64 queries × 2 × 64 dims × 64 keys      shared (dSᵀ, MN-major) shared (K, MN-major)
+//
+// A step, for each consumer: Sᵀ and dPᵀ issued; Pᵀ while dPᵀ runs, stored; the consumers meet; dV
+// issued; dSᵀ while dV runs, stored; the consumers meet; dQ's two parts and dK issued; each part's
+// atomics while the products behind it run.
+template <typename Element, int kDim, bool kDeterministic>
+__global__ void __launch_bounds__(kThreads, 1)
+    wide_backward_kernel(const __grid_constant__ CUtensorMap query_map, const __grid_constant__ CUtensorMap grad_out_map,
+                         const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap value_map,
+                         const float* __restrict__ lse_log2, const float* __restrict__ row_delta,
+                         float* __restrict__ grad_q_sum, int* __restrict__ turns, Element* __restrict__ grad_k,
+                         Element* __restrict__ grad_v, int q_seq, int kv_seq, int dim, int workspace_head_rows,
+                         int key_tiles, int q_heads, int kv_heads, int kv_heads_total, bool causal, float scale,
+                         float scale_log2) {
+#if FA_STAGE13_DEVICE_CODE
+  using T = WideTiling;
+  static_assert(kDim == T::kDim, "the D = 256 bucket");
+  using namespace kernel;
+  constexpr int kQuerySteps = T::kQueries / kMmaDepth;  // 16-query steps of dV and dK
+  constexpr int kKeySteps = T::kBlockKeys / kMmaDepth;  // 16-key steps of dQ
+
+  // Shared memory: K, V, the ring (slot s: Q, dO), two buffers of (Pᵀ, dSᵀ), the ring's rows, the
+  // barriers.
+  extern __shared__ unsigned char shared_memory[];
+  unsigned char* shared =
+      shared_memory + ((kSwizzleBytes - shared_address(shared_memory) % kSwizzleBytes) % kSwizzleBytes);
+  unsigned char* key_tile = shared;
+  unsigned char* value_tile = key_tile + T::kKvTileBytes;
+  unsigned char* ring = value_tile + T::kKvTileBytes;
+  unsigned char* score_tiles = ring + T::kStages * 2 * T::kQueryTileBytes;
+  float* row_data = reinterpret_cast<float*>(score_tiles + 2 * 2 * T::kScoreTileBytes);
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(row_data + T::kStages * 2 * T::kQueries);
+  uint64_t* kv_full = barriers;
+  uint64_t* slot_full = barriers + 1;
+  uint64_t* slot_free = barriers + 1 + T::kStages;
+
+  const Work<unsigned> work = ordered_work<unsigned>(blockIdx.x, static_cast<unsigned>(key_tiles),
+                                                     static_cast<unsigned>(kv_heads_total), causal);
+  const int key_tile_index =
+      causal ? key_tiles - 1 - static_cast<int>(work.query_tile) : static_cast<int>(work.query_tile);
+  const int kv_head = static_cast<int>(work.query_head);
+  const int key_base = key_tile_index * T::kBlockKeys;
+  const int group_size = q_heads / kv_heads;
+  const int first_query_head = kv_head / kv_heads * q_heads + kv_head % kv_heads * group_size;
+  const int first_query_tile = causal ? max(0, key_base + q_seq - kv_seq) / T::kQueries : 0;
+  const int query_tiles = (q_seq + T::kQueries - 1) / T::kQueries - first_query_tile;
+  const int steps = group_size * query_tiles;
+
+  if (threadIdx.x == 0) {
+    barrier_init(kv_full, 1);
+    for (int slot = 0; slot < T::kStages; ++slot) {
+      barrier_init(&slot_full[slot], 1);
+      barrier_init(&slot_free[slot], kConsumers * kWarpgroupThreads);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  launch_dependents();
+  const int warpgroup = uniform_warpgroup();
+  if (warpgroup == 0) {
+    release_registers<kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      produce_steps<T>(&query_map, &grad_out_map, &key_map, &value_map, key_tile, value_tile, ring, row_data, kv_full,
+                       slot_full, slot_free, lse_log2, row_delta, key_base, kv_head, first_query_head,
+                       first_query_tile, query_tiles, steps, workspace_head_rows);
+    }
+  } else {
+    claim_registers<kConsumerRegisters>();
+    wait_for_prerequisite();
+    const int consumer = warpgroup - 1;
+    const int thread = threadIdx.x % kWarpgroupThreads;
+    const int warp = thread / kWarpSize;
+    const int lane = threadIdx.x % kWarpSize;
+    const int group = lane / 4;
+    const int quad = lane % 4;
+    const int warp_key = warp * 16;                          // the warp's first key of the block's 64
+    const int consumer_query = consumer * T::kConsumerQueries;  // the consumer's first query of a step
+    const int dim_panel = consumer * T::kConsumerDims / kPanelColumns;  // its first 64-dim panel
+
+    const uint64_t key_descriptor = k_major_descriptor(shared_address(key_tile));
+    const uint64_t value_descriptor = k_major_descriptor(shared_address(value_tile));
+    // This thread's score pairs in a 64 x 64 tile of Pᵀ or dSᵀ: row warp_key + group (+ 8), query
+    // pair 32c + 8j + 2·quad, in the 128-byte swizzle (16-byte chunk k of row r at chunk k ^ (r % 8)).
+    const int score_row_bytes = (warp_key + group) * kPanelRowBytes + quad * 4;
+
+    float key_grad[T::kConsumerDims / 2] = {};
+    float value_grad[T::kConsumerDims / 2] = {};
+    float scores[T::kConsumerQueries / 2];
+    float grad_probs[T::kConsumerQueries / 2];
+
+    // Sᵀ or dPᵀ of the consumer's queries: the keys (A) against the slot's rows (B), 16 dims a step.
+    const auto issue_products_of_keys = [&](float(&products)[T::kConsumerQueries / 2], uint64_t keys,
+                                            unsigned rows) {
+      const uint64_t row_descriptor = k_major_descriptor(rows + consumer_query * kPanelRowBytes);
+      wgmma_fence();
+#pragma unroll
+      for (int step = 0; step < kDim / kMmaDepth; ++step) {
+        wgmma_narrow<Element>(products, advance_descriptor(keys, dim_step_offset(step, T::kKvPanelBytes)),
+                              advance_descriptor(row_descriptor, dim_step_offset(step, T::kQueryPanelBytes)),
+                              step > 0);
+      }
+      wgmma_commit();
+    };
+    // dV += Pᵀ dO or dK += dSᵀ Q over the consumer's dims: A the score tile, 16 queries a step.
+    const auto issue_key_grads = [&](float(&grads)[T::kConsumerDims / 2], unsigned score_tile, unsigned rows) {
+      const uint64_t score_descriptor = k_major_descriptor(score_tile);
+      const uint64_t row_descriptor =
+          mn_major_descriptor<T::kQueryPanelBytes>(rows + dim_panel * T::kQueryPanelBytes);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kQuerySteps; ++k) {
+        wgmma_half_dims<Element>(grads, advance_descriptor(score_descriptor, dim_step_offset(k, T::kScoreTileBytes)),
+                                 advance_descriptor(row_descriptor, k * kMmaDepth * kPanelRowBytes));
+      }
+      wgmma_commit();
+    };
+    // One 64 x 64 part of dQ = dS K: dims panel `panel` of K, 16 keys a step.
+    const auto issue_query_grad = [&](float(&part)[32], unsigned score_tile, int panel) {
+      const uint64_t score_descriptor = mn_major_descriptor<T::kScoreTileBytes>(score_tile);
+      const uint64_t key_part = matrix_descriptor(shared_address(key_tile) + panel * T::kKvPanelBytes,
+                                                  T::kKvPanelBytes, kSwizzleBytes);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kKeySteps; ++k) {
+        wgmma_transposed<Element>(part, advance_descriptor(score_descriptor, k * kMmaDepth * kPanelRowBytes),
+                                  advance_descriptor(key_part, k * kMmaDepth * kPanelRowBytes), k > 0);
+      }
+      wgmma_commit();
+    };
+    // The consumer's score pairs into a tile: pair i of 8-query chunk j, rows group and group + 8.
+    const auto store_pairs = [&](unsigned char* tile, const unsigned (&pairs)[T::kConsumerQueries / 8][2]) {
+#pragma unroll
+      for (int j = 0; j < T::kConsumerQueries / kMmaColumns; ++j) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int chunk = (consumer_query / kMmaColumns + j) ^ group;
+          *reinterpret_cast<unsigned*>(tile + score_row_bytes + half * 8 * kPanelRowBytes + chunk * 16) =
+              pairs[j][half];
+        }
+      }
+    };
+
+    barrier_wait(kv_full, 0);
+
+    int head = first_query_head;
+    int query_base = first_query_tile * T::kQueries;
+    const int last_query_base = (first_query_tile + query_tiles - 1) * T::kQueries;
+#pragma unroll 1
+    for (int step = 0; step < steps; ++step) {
+      const int slot = step % T::kStages;
+      unsigned char* query_slot = ring + slot * 2 * T::kQueryTileBytes;
+      unsigned char* grad_out_slot = query_slot + T::kQueryTileBytes;
+      const float* slot_lse = row_data + slot * 2 * T::kQueries;
+      const float* slot_delta = slot_lse + T::kQueries;
+      // Steps alternate between two buffers of (Pᵀ, dSᵀ): this one was last read by the products of
+      // two steps ago, which both consumers waited for before they met in the last step.
+      unsigned char* prob_tile = score_tiles + step % 2 * 2 * T::kScoreTileBytes;
+      unsigned char* grad_score_tile = prob_tile + T::kScoreTileBytes;
+
+      barrier_wait(&slot_full[slot], (step / T::kStages) & 1);
+      issue_products_of_keys(scores, key_descriptor, shared_address(query_slot));
+      issue_products_of_keys(grad_probs, value_descriptor, shared_address(grad_out_slot));
+      wgmma_wait<1>();
+      fence_registers(scores);
+
+      // Pᵀ = 2^(s · scale · log2 e − LSE · log2 e): scores[4j + e] is key key_base + warp_key + group
+      // + 8·(e / 2) and query query_base + consumer_query + 8j + 2·quad + e % 2.
+      const auto probabilities = [&](auto with_mask) {
+#pragma unroll
+        for (int j = 0; j < T::kConsumerQueries / kMmaColumns; ++j) {
+          const float2 lse = *reinterpret_cast<const float2*>(slot_lse + consumer_query + j * kMmaColumns + 2 * quad);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int query = consumer_query + j * kMmaColumns + 2 * quad + e % 2;
+            const int key = key_base + warp_key + group + 8 * (e / 2);
+            const bool visible = !decltype(with_mask)::value || key - (query_base + query) <= kv_seq - q_seq;
+            const float row_lse = e % 2 == 0 ? lse.x : lse.y;
+            scores[4 * j + e] = visible ? fast_exp2(fmaf(scores[4 * j + e], scale_log2, -row_lse)) : 0.0f;
+          }
+        }
+      };
+      if (causal && key_base + T::kBlockKeys - 1 - query_base > kv_seq - q_seq) {
+        probabilities(std::true_type{});
+      } else {
+        probabilities(std::false_type{});
+      }
+      unsigned pairs[T::kConsumerQueries / 8][2];
+#pragma unroll
+      for (int j = 0; j < T::kConsumerQueries / kMmaColumns; ++j) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          pairs[j][half] = pack_pair<Element>(scores[4 * j + 2 * half], scores[4 * j + 2 * half + 1]);
+        }
+      }
+      store_pairs(prob_tile, pairs);
+      fence_shared_for_async_proxy();
+      sync_threads(kScoresReadyBarrier, kConsumers * kWarpgroupThreads);
+      issue_key_grads(value_grad, shared_address(prob_tile), shared_address(grad_out_slot));
+
+      // dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ is done (dV runs).
+      wgmma_wait<1>();
+      fence_registers(grad_probs);
+#pragma unroll
+      for (int j = 0; j < T::kConsumerQueries / kMmaColumns; ++j) {
+        const float2 delta = *reinterpret_cast<const float2*>(slot_delta + consumer_query + j * kMmaColumns + 2 * quad);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int e = 4 * j + 2 * half;
+          pairs[j][half] =
+              pack_pair<Element>(scores[e] * (grad_probs[e] - delta.x), scores[e + 1] * (grad_probs[e + 1] - delta.y));
+        }
+      }
+      store_pairs(grad_score_tile, pairs);
+      fence_shared_for_async_proxy();
+      sync_threads(kScoresReadyBarrier, kConsumers * kWarpgroupThreads);
+
+      // dQ's first part, dK and dQ's second part; each part is added while what follows it runs.
+      float first_part[32];
+      float second_part[32];
+      issue_query_grad(first_part, shared_address(grad_score_tile), dim_panel);
+      issue_key_grads(key_grad, shared_address(grad_score_tile), shared_address(query_slot));
+      issue_query_grad(second_part, shared_address(grad_score_tile), dim_panel + 1);
+      float4* lane_part = reinterpret_cast<float4*>(
+                              grad_q_sum + (static_cast<int64_t>(head) * workspace_head_rows + query_base) * kDim +
+                              dim_panel * kMmaRows * kPanelColumns) +
+                          thread;
+      const auto add_part = [&](const float(&part)[32], int which) {
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          atomicAdd(lane_part + which * kMmaRows * kPanelColumns / 4 + t * kWarpgroupThreads,
+                    make_float4(part[4 * t], part[4 * t + 1], part[4 * t + 2], part[4 * t + 3]));
+        }
+      };
+      [[maybe_unused]] int* turn =
+          turns + ((static_cast<int64_t>(head) * workspace_head_rows + query_base) / T::kQueries) * kConsumers + consumer;
+      if constexpr (kDeterministic) {
+        // Key tile t adds its parts after tiles 0 .. t − 1, so the FP32 sum is the same every run.
+        if (thread == 0) {
+          int done = 0;
+          do {
+            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(done) : "l"(turn) : "memory");
+          } while (done < key_tile_index);
+        }
+        sync_threads(kTurnBarrier + consumer, kWarpgroupThreads);
+      }
+      wgmma_wait<2>();  // dV and dQ's first part are done; dK and the second part run
+      fence_registers(first_part);
+      add_part(first_part, 0);
+      wgmma_wait<0>();
+      fence_registers(second_part);
+      fence_registers(key_grad);
+      add_part(second_part, 1);
+      if constexpr (kDeterministic) {
+        __threadfence();
+        sync_threads(kTurnBarrier + consumer, kWarpgroupThreads);
+        if (thread == 0) atomicAdd(turn, 1);
+      }
+      barrier_arrive(&slot_free[slot]);
+      if (query_base == last_query_base) {
+        query_base = first_query_tile * T::kQueries;
+        ++head;
+      } else {
+        query_base += T::kQueries;
+      }
+    }
+    wgmma_wait<0>();
+
+    // dK = scale · Σ dSᵀ Q and dV for the consumer's dims: rows key_base + warp_key + group (+ 8).
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = key_base + warp_key + group + 8 * half;
+      if (key >= kv_seq) continue;
+      const int64_t first = (static_cast<int64_t>(kv_head) * kv_seq + key) * dim;
+#pragma unroll
+      for (int n = 0; n < T::kConsumerDims / kMmaColumns; ++n) {
+        const int column = consumer * T::kConsumerDims + n * kMmaColumns + 2 * quad;
+        if (column >= dim) continue;
+        const int e = 4 * n + 2 * half;
+        *reinterpret_cast<unsigned*>(grad_k + first + column) =
+            pack_pair<Element>(key_grad[e] * scale, key_grad[e + 1] * scale);
+        *reinterpret_cast<unsigned*>(grad_v + first + column) = pack_pair<Element>(value_grad[e], value_grad[e + 1]);
+      }
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
 // The rows of each query head in the workspaces: Nq rounded up to whole tiles of any Br.
 int64_t workspace_head_rows(const Problem& problem) {
   return (problem.q_seq + kWorkspaceRows - 1) / kWorkspaceRows * kWorkspaceRows;
 }
 
-int bucket_of(int64_t dim) { return dim <= 64 ? 64 : 128; }
+int bucket_of(int64_t dim) { return dim <= 64 ? 64 : dim <= 128 ? 128 : 256; }
 
-// This stage's own kernels take D a multiple of 8 up to 128; stage 11 takes the rest.
-bool own_kernels_take(const Problem& problem) { return problem.dim <= kMaxOwnDim && problem.dim % kAlignElements == 0; }
+// This stage's own kernels take D a multiple of 8; stage 11 takes the rest.
+bool own_kernels_take(const Problem& problem) { return problem.dim <= kMaxDim && problem.dim % kAlignElements == 0; }
 
 // The workspace: dQ's FP32 sum, the LSE in log2 units, D, and the turn counters of the
 // deterministic mode (one per consumer part of each query tile).
@@ -686,7 +1062,8 @@ struct EarlyLaunch {
 
 template <typename Element, int kDim, bool kDeterministic>
 Status launch(const BackwardArgs& args) {
-  using T = Tiling<kDim>;
+  constexpr bool kWide = kDim > 128;
+  using T = std::conditional_t<kWide, WideTiling, Tiling<kDim>>;
   const Problem& problem = args.problem;
   constexpr bool kBf16 = std::is_same_v<Element, __nv_bfloat16>;
   const Workspace layout = workspace_layout(problem);
@@ -705,9 +1082,9 @@ Status launch(const BackwardArgs& args) {
   FA_STATUS_TRY(kernel::encode_matrix_stack(grad_out_map, kBf16, args.grad_o, problem.dim, problem.q_seq,
                                             problem.q_heads_total(), kPanelColumns, T::kQueries));
   FA_STATUS_TRY(kernel::encode_matrix_stack(key_map, kBf16, args.k, problem.dim, problem.kv_seq,
-                                            problem.kv_heads_total(), kPanelColumns, kKeys));
+                                            problem.kv_heads_total(), kPanelColumns, T::kBlockKeys));
   FA_STATUS_TRY(kernel::encode_matrix_stack(value_map, kBf16, args.v, problem.dim, problem.kv_seq,
-                                            problem.kv_heads_total(), kPanelColumns, kKeys));
+                                            problem.kv_heads_total(), kPanelColumns, T::kBlockKeys));
 
   // 1. D_i = rowsum(dO ∘ O) and the LSE in log2 units; dQ's sum cleared (and the turns, first, so
   // that the preprocessing is the kernel just before the backward's: it may launch early).
@@ -725,9 +1102,15 @@ Status launch(const BackwardArgs& args) {
   FA_LAUNCH_TRY();
 
   // 2. One block per (key tile, K/V head): dK, dV, and dQ's shares.
-  const auto kernel = &backward_kernel<Element, kDim, kDeterministic>;
+  const auto kernel = [] {
+    if constexpr (kWide) {
+      return &wide_backward_kernel<Element, kDim, kDeterministic>;
+    } else {
+      return &backward_kernel<Element, kDim, kDeterministic>;
+    }
+  }();
   FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
-  const int64_t key_tiles = (problem.kv_seq + kKeys - 1) / kKeys;
+  const int64_t key_tiles = (problem.kv_seq + T::kBlockKeys - 1) / T::kBlockKeys;
   const int64_t blocks = key_tiles * problem.kv_heads_total();
   FA_STATUS_TRY(check_grid(blocks));
   const float scale = softmax_scale(problem);
@@ -768,7 +1151,7 @@ Status backward(const BackwardArgs& args) {
   }
   // TMA reads rows of whole 16-byte chunks from 16-byte aligned tensors, D is read 16 bytes at a
   // time, and dQ, dK, dV are stored in
-  // pairs: anything else, and D > 128, is stage 11's.
+  // pairs: anything else is stage 11's.
   if (!own_kernels_take(args.problem) || !all_aligned16({args.q, args.k, args.v, args.o, args.grad_o, args.grad_q,
                                                          args.grad_k, args.grad_v, args.workspace})) {
     return fallback_stage<Element>().backward(args);
@@ -778,7 +1161,7 @@ Status backward(const BackwardArgs& args) {
     constexpr int kDim = decltype(bucket)::value;
     return deterministic ? launch<Element, kDim, true>(args) : launch<Element, kDim, false>(args);
   };
-  return dispatch_head_dim<64, 128>(args.problem.dim, with_bucket);
+  return dispatch_head_dim<64, 128, 256>(args.problem.dim, with_bucket);
 }
 
 StageDescriptor describe(Precision precision, ForwardFn forward_function, BackwardFn backward_function,
