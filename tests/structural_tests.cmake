@@ -156,9 +156,15 @@ fa_add_spill_test(NAME "stage12: the wgmma kernel spills nothing to local memory
 # copies of a step's LSE and D, the register hand-over, the proxy fence before wgmma reads dSᵀ,
 # dQ's 16-byte atomic adds from the accumulators, the acquire loads of the deterministic mode's
 # turn counters, and the programmatic dependent launch of the three kernels (each lets the next one
-# start, each waits before reading what the one before wrote).
+# start, each waits before reading what the one before wrote). At D = 256: Sᵀ and dPᵀ of 32 queries
+# (m64n32k16, both K-major), dV and dK with Pᵀ and dSᵀ read K-major from shared memory (m64n128k16,
+# B MN-major).
 fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the TMA ring, setmaxnreg, dQ's 16-byte atomic adds and the dependent launch (sm_90a)"
   STAGE 13_wgmma_backward SOURCE wgmma_backward.cu ARCH 90a
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n32k16\\.f32\\.f16\\.f16 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1, 0, 0"
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n32k16\\.f32\\.bf16\\.bf16 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1, 0, 0"
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k16\\.f32\\.f16\\.f16 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, 1, 1, 1, 0, 1"
+  PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k16\\.f32\\.bf16\\.bf16 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, 1, 1, 1, 0, 1"
   PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k16\\.f32\\.f16\\.f16 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1, 0, 0"
   PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k16\\.f32\\.bf16\\.bf16 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1, 0, 0"
   PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n128k16\\.f32\\.f16\\.f16 [{][^}]*[}], [{]%r[0-9]+, %r[0-9]+, %r[0-9]+, %r[0-9]+[}], %rd[0-9]+, 1, 1, 1, 1"

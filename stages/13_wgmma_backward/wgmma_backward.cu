@@ -26,9 +26,10 @@
 // A step, for each consumer: Sᵀ and dPᵀ issued; exponentials while dPᵀ runs; dV issued; dSᵀ while dV
 // runs, stored for dQ; the consumers meet (barrier 1); dQ and dK issued; dQ's atomics while dK runs.
 //
-// Head dims up to 128 in two buckets (64: Br = 128 queries a step; 128: Br = 64), D a multiple of
-// 8 (TMA's row rule) and 16-byte aligned tensors; anything else goes to stage 11's mma.sync
-// backward, which takes every shape (README: "What goes to stage 11").
+// Head dims in three buckets (64: Br = 128 queries a step; 128: Br = 64; 256: 64 keys a block, dK
+// and dV split by dims between the consumers, wide_backward_kernel below), D a multiple of 8 (TMA's
+// row rule) and 16-byte aligned tensors; anything else goes to stage 11's mma.sync backward, which
+// takes every shape (README: "What goes to stage 11").
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -163,12 +164,12 @@ struct WideTiling {
   static_assert(kSharedBytes <= 227 * 1024, "one block's shared memory on an H100/H200");
 };
 
-// dQ's FP32 workspace holds each query tile (Br × kDim) as 64 x 64 consumer parts (64 queries
-// each at D = 64, else 64 dims each: two at D = 128, four at D = 256), each in the order its consumer stages it, which is
-// the accumulator layout: the warpgroup's 128 threads' registers 4e .. 4e + 3 side by side for
-// e = 0 .. 7 (one 16-byte store or atomic a thread, a warp's 512 bytes contiguous). Float4 number
-// e · 128 + t of a part is thread t's accumulators 4e .. 4e + 3: rows r and r + 8, columns c and
-// c + 1 of the part, with r = 16 · (t / 32) + (t % 32) / 4 and c = 8e + 2 · (t % 4).
+// dQ's FP32 workspace holds each query tile (Br × kDim) as 64 x 64 consumer parts (64 queries each
+// at D = 64, else 64 dims each: two at D = 128, four at D = 256), each in the order its consumer
+// stages it, which is the accumulator layout: the warpgroup's 128 threads' registers 4e .. 4e + 3
+// side by side for e = 0 .. 7 (one 16-byte store or atomic a thread, a warp's 512 bytes contiguous).
+// Float4 number e · 128 + t of a part is thread t's accumulators 4e .. 4e + 3: rows r and r + 8,
+// columns c and c + 1 of the part, with r = 16 · (t / 32) + (t % 32) / 4 and c = 8e + 2 · (t % 4).
 struct PartPlace {
   int row;     // of the query tile
   int column;  // of the head dim
@@ -224,11 +225,12 @@ __device__ __forceinline__ void wgmma_transposed(float (&d)[32], uint64_t a_desc
 template <typename Element>
 __device__ __forceinline__ void wgmma_narrow(float (&d)[16], uint64_t a_descriptor, uint64_t b_descriptor,
                                              bool accumulate) {
-#define FA_STAGE13_NARROW(type)                                                                                       \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32." type "." type \
-               " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"   \
-               : FA_WGMMA_OPERANDS_8(FA_WGMMA_READ_WRITE, d, 0), FA_WGMMA_OPERANDS_8(FA_WGMMA_READ_WRITE, d, 8)       \
-               : "l"(a_descriptor), "l"(b_descriptor), "r"(static_cast<int>(accumulate)));
+#define FA_STAGE13_NARROW(type)                                                                                \
+  asm volatile(                                                                                                \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\nwgmma.mma_async.sync.aligned.m64n32k16.f32." type "." type    \
+      " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n" \
+      : FA_WGMMA_OPERANDS_8(FA_WGMMA_READ_WRITE, d, 0), FA_WGMMA_OPERANDS_8(FA_WGMMA_READ_WRITE, d, 8)         \
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(static_cast<int>(accumulate)));
   if constexpr (std::is_same_v<Element, __half>) {
     FA_STAGE13_NARROW("f16")
   } else {
@@ -239,10 +241,10 @@ __device__ __forceinline__ void wgmma_narrow(float (&d)[16], uint64_t a_descript
 
 template <typename Element>
 __device__ __forceinline__ void wgmma_half_dims(float (&d)[64], uint64_t a_descriptor, uint64_t b_descriptor) {
-#define FA_STAGE13_HALF_DIMS(type)                                                                            \
+#define FA_STAGE13_HALF_DIMS(type)                                                                    \
   asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." type "." type " " FA_WGMMA_REGISTERS_64 \
-               ", %64, %65, 1, 1, 1, 0, 1;\n"                                                                \
-               : FA_WGMMA_OPERANDS_64(FA_WGMMA_READ_WRITE, d)                                                 \
+               ", %64, %65, 1, 1, 1, 0, 1;\n"                                                         \
+               : FA_WGMMA_OPERANDS_64(FA_WGMMA_READ_WRITE, d)                                         \
                : "l"(a_descriptor), "l"(b_descriptor));
   if constexpr (std::is_same_v<Element, __half>) {
     FA_STAGE13_HALF_DIMS("f16")
@@ -403,7 +405,8 @@ __device__ __forceinline__ void produce_steps(const CUtensorMap* query_map, cons
   }
 }
 
-// One block: keys [key_base, key_base + 128) of one K/V head, against every query row of its group.
+// D <= 128. One block: keys [key_base, key_base + 128) of one K/V head, against every query row of
+// its group.
 // Threads 0-127 are the producer warpgroup (thread 0 issues every copy), then two consumer
 // warpgroups of 64 keys each. Q and dO are described as (B·Hq) x Nq x D, K and V as (B·Hkv) x Nk x
 // D; lse_log2 and row_delta are (B·Hq) x workspace_head_rows, as is grad_q_sum (x kDim floats).
@@ -473,8 +476,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     release_registers<kProducerRegisters>();
     if (threadIdx.x == 0) {
       produce_steps<T>(&query_map, &grad_out_map, &key_map, &value_map, key_tile, value_tile, ring, row_data, kv_full,
-                       slot_full, slot_free, lse_log2, row_delta, key_base, kv_head, first_query_head,
-                       first_query_tile, query_tiles, steps, workspace_head_rows);
+                       slot_full, slot_free, lse_log2, row_delta, key_base, kv_head, first_query_head, first_query_tile,
+                       query_tiles, steps, workspace_head_rows);
     }
   } else {
     // ---- The consumers: 64 keys each -----------------------------------------------------------
@@ -723,13 +726,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 // atomics while the products behind it run.
 template <typename Element, int kDim, bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1)
-    wide_backward_kernel(const __grid_constant__ CUtensorMap query_map, const __grid_constant__ CUtensorMap grad_out_map,
-                         const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap value_map,
-                         const float* __restrict__ lse_log2, const float* __restrict__ row_delta,
-                         float* __restrict__ grad_q_sum, int* __restrict__ turns, Element* __restrict__ grad_k,
-                         Element* __restrict__ grad_v, int q_seq, int kv_seq, int dim, int workspace_head_rows,
-                         int key_tiles, int q_heads, int kv_heads, int kv_heads_total, bool causal, float scale,
-                         float scale_log2) {
+    wide_backward_kernel(const __grid_constant__ CUtensorMap query_map,
+                         const __grid_constant__ CUtensorMap grad_out_map, const __grid_constant__ CUtensorMap key_map,
+                         const __grid_constant__ CUtensorMap value_map, const float* __restrict__ lse_log2,
+                         const float* __restrict__ row_delta, float* __restrict__ grad_q_sum, int* __restrict__ turns,
+                         Element* __restrict__ grad_k, Element* __restrict__ grad_v, int q_seq, int kv_seq, int dim,
+                         int workspace_head_rows, int key_tiles, int q_heads, int kv_heads, int kv_heads_total,
+                         bool causal, float scale, float scale_log2) {
 #if FA_STAGE13_DEVICE_CODE
   using T = WideTiling;
   static_assert(kDim == T::kDim, "the D = 256 bucket");
@@ -779,8 +782,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     release_registers<kProducerRegisters>();
     if (threadIdx.x == 0) {
       produce_steps<T>(&query_map, &grad_out_map, &key_map, &value_map, key_tile, value_tile, ring, row_data, kv_full,
-                       slot_full, slot_free, lse_log2, row_delta, key_base, kv_head, first_query_head,
-                       first_query_tile, query_tiles, steps, workspace_head_rows);
+                       slot_full, slot_free, lse_log2, row_delta, key_base, kv_head, first_query_head, first_query_tile,
+                       query_tiles, steps, workspace_head_rows);
     }
   } else {
     claim_registers<kConsumerRegisters>();
@@ -791,8 +794,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int lane = threadIdx.x % kWarpSize;
     const int group = lane / 4;
     const int quad = lane % 4;
-    const int warp_key = warp * 16;                          // the warp's first key of the block's 64
-    const int consumer_query = consumer * T::kConsumerQueries;  // the consumer's first query of a step
+    const int warp_key = warp * 16;                                     // the warp's first key of the block's 64
+    const int consumer_query = consumer * T::kConsumerQueries;          // the consumer's first query of a step
     const int dim_panel = consumer * T::kConsumerDims / kPanelColumns;  // its first 64-dim panel
 
     const uint64_t key_descriptor = k_major_descriptor(shared_address(key_tile));
@@ -807,23 +810,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     float grad_probs[T::kConsumerQueries / 2];
 
     // Sᵀ or dPᵀ of the consumer's queries: the keys (A) against the slot's rows (B), 16 dims a step.
-    const auto issue_products_of_keys = [&](float(&products)[T::kConsumerQueries / 2], uint64_t keys,
-                                            unsigned rows) {
+    const auto issue_products_of_keys = [&](float(&products)[T::kConsumerQueries / 2], uint64_t keys, unsigned rows) {
       const uint64_t row_descriptor = k_major_descriptor(rows + consumer_query * kPanelRowBytes);
       wgmma_fence();
 #pragma unroll
       for (int step = 0; step < kDim / kMmaDepth; ++step) {
         wgmma_narrow<Element>(products, advance_descriptor(keys, dim_step_offset(step, T::kKvPanelBytes)),
-                              advance_descriptor(row_descriptor, dim_step_offset(step, T::kQueryPanelBytes)),
-                              step > 0);
+                              advance_descriptor(row_descriptor, dim_step_offset(step, T::kQueryPanelBytes)), step > 0);
       }
       wgmma_commit();
     };
     // dV += Pᵀ dO or dK += dSᵀ Q over the consumer's dims: A the score tile, 16 queries a step.
     const auto issue_key_grads = [&](float(&grads)[T::kConsumerDims / 2], unsigned score_tile, unsigned rows) {
       const uint64_t score_descriptor = k_major_descriptor(score_tile);
-      const uint64_t row_descriptor =
-          mn_major_descriptor<T::kQueryPanelBytes>(rows + dim_panel * T::kQueryPanelBytes);
+      const uint64_t row_descriptor = mn_major_descriptor<T::kQueryPanelBytes>(rows + dim_panel * T::kQueryPanelBytes);
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kQuerySteps; ++k) {
@@ -835,8 +835,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // One 64 x 64 part of dQ = dS K: dims panel `panel` of K, 16 keys a step.
     const auto issue_query_grad = [&](float(&part)[32], unsigned score_tile, int panel) {
       const uint64_t score_descriptor = mn_major_descriptor<T::kScoreTileBytes>(score_tile);
-      const uint64_t key_part = matrix_descriptor(shared_address(key_tile) + panel * T::kKvPanelBytes,
-                                                  T::kKvPanelBytes, kSwizzleBytes);
+      const uint64_t key_part =
+          matrix_descriptor(shared_address(key_tile) + panel * T::kKvPanelBytes, T::kKvPanelBytes, kSwizzleBytes);
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kKeySteps; ++k) {
@@ -846,7 +846,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_commit();
     };
     // The consumer's score pairs into a tile: pair i of 8-query chunk j, rows group and group + 8.
-    const auto store_pairs = [&](unsigned char* tile, const unsigned (&pairs)[T::kConsumerQueries / 8][2]) {
+    const auto store_pairs = [&](unsigned char* tile, const unsigned(&pairs)[T::kConsumerQueries / 8][2]) {
 #pragma unroll
       for (int j = 0; j < T::kConsumerQueries / kMmaColumns; ++j) {
 #pragma unroll
@@ -950,7 +950,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       };
       [[maybe_unused]] int* turn =
-          turns + ((static_cast<int64_t>(head) * workspace_head_rows + query_base) / T::kQueries) * kConsumers + consumer;
+          turns + ((static_cast<int64_t>(head) * workspace_head_rows + query_base) / T::kQueries) * kConsumers +
+          consumer;
       if constexpr (kDeterministic) {
         // Key tile t adds its parts after tiles 0 .. t − 1, so the FP32 sum is the same every run.
         if (thread == 0) {
