@@ -71,7 +71,8 @@ endif()
 # HEADLINE_GPU): its rows of the torch, torch_graph, memory and fp8 kinds must have been measured from
 # this tree's code or carried to it by a restamp (`stale`, DESIGN.md "Results CSV"), so a refactor
 # that changes what produced them cannot land without a restamp or a new measurement. The results
-# kind is left out while 16 rows of stage 12 (its host code changed) wait to be measured again.
+# kind (the bench phase, the longest) is left out: its rows may follow a change by a session, and
+# `stale` lists them until then.
 if(Python3_Interpreter_FOUND)
   add_test(NAME "data: the H200 rows of the headline kinds are current or restamped (torch, torch_graph, memory, fp8)"
     COMMAND ${Python3_EXECUTABLE} -m fa_course.bench.data stale ${PROJECT_SOURCE_DIR}/plots/data/NVIDIA_H200
