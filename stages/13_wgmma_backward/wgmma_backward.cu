@@ -358,6 +358,59 @@ __global__ void scale_grad_query_kernel(const float4* __restrict__ accumulated, 
   }
 }
 
+// The ring's barriers, by thread 0 (the caller then syncs the block): K and V have landed; per slot,
+// its Q, dO, LSE and D have landed, and every consumer thread is done with them.
+template <int kStages>
+__device__ __forceinline__ void init_ring_barriers(uint64_t* kv_full, uint64_t* slot_full, uint64_t* slot_free) {
+  kernel::barrier_init(kv_full, 1);
+  for (int slot = 0; slot < kStages; ++slot) {
+    kernel::barrier_init(&slot_full[slot], 1);
+    kernel::barrier_init(&slot_free[slot], kConsumers * kWarpgroupThreads);
+  }
+  kernel::fence_barrier_init();
+}
+
+// The deterministic mode's turns: key tile t adds its part of a dQ tile after tiles 0 .. t − 1
+// (every lower tile sees the query tile too), so the FP32 sum is the same every run.
+__device__ __forceinline__ void wait_for_turn(const int* turn, int key_tile_index, int thread, int consumer) {
+  if (thread == 0) {
+    int done = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(done) : "l"(turn) : "memory");
+    } while (done < key_tile_index);
+  }
+  kernel::sync_threads(kTurnBarrier + consumer, kWarpgroupThreads);
+}
+__device__ __forceinline__ void pass_turn(int* turn, int thread, int consumer) {
+  __threadfence();
+  kernel::sync_threads(kTurnBarrier + consumer, kWarpgroupThreads);
+  if (thread == 0) atomicAdd(turn, 1);
+}
+
+// dK = scale · Σ dSᵀ Q and dV of a thread's two keys (`first_key`, first_key + 8), its columns from
+// `first_column`: 8n + 2·quad and the next, for the accumulators' n = 0 .. kColumns / 8 − 1.
+template <typename Element, int kColumns>
+__device__ __forceinline__ void write_key_grads(const float (&key_grad)[kColumns / 2],
+                                                const float (&value_grad)[kColumns / 2], Element* grad_k,
+                                                Element* grad_v, int kv_head, int first_key, int first_column, int quad,
+                                                int kv_seq, int dim, float scale) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = first_key + 8 * half;
+    if (key >= kv_seq) continue;
+    const int64_t first = (static_cast<int64_t>(kv_head) * kv_seq + key) * dim;
+#pragma unroll
+    for (int n = 0; n < kColumns / kMmaColumns; ++n) {
+      const int column = first_column + n * kMmaColumns + 2 * quad;
+      if (column >= dim) continue;
+      const int e = 4 * n + 2 * half;
+      *reinterpret_cast<unsigned*>(grad_k + first + column) =
+          pack_pair<Element>(key_grad[e] * scale, key_grad[e + 1] * scale);
+      *reinterpret_cast<unsigned*>(grad_v + first + column) = pack_pair<Element>(value_grad[e], value_grad[e + 1]);
+    }
+  }
+}
+
 // The producer, thread 0 of warpgroup 0: K and V of the block's keys once, then Q, dO, the LSE and D
 // of every step into the ring. Step s is query tile s % query_tiles of the group's query head
 // s / query_tiles.
@@ -457,14 +510,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int query_tiles = (q_seq + T::kQueries - 1) / T::kQueries - first_query_tile;
   const int steps = group_size * query_tiles;  // (query head of the group, query tile) pairs
 
-  if (threadIdx.x == 0) {
-    barrier_init(kv_full, 1);
-    for (int slot = 0; slot < T::kStages; ++slot) {
-      barrier_init(&slot_full[slot], 1);
-      barrier_init(&slot_free[slot], kConsumers * kWarpgroupThreads);
-    }
-    fence_barrier_init();
-  }
+  if (threadIdx.x == 0) init_ring_barriers<T::kStages>(kv_full, slot_full, slot_free);
   __syncthreads();
 
   // The last kernel (dQ's conversion) may be launched once every block has started; it waits for
@@ -652,22 +698,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (!kDeterministic) {
         add_part();
       } else {
-        // Key tile t adds its part after tiles 0 .. t − 1 (every lower tile sees the query tile
-        // too), so the FP32 sum is the same every run: the same atomics, in turns.
         int* turn = turns +
                     ((static_cast<int64_t>(head) * workspace_head_rows + query_base) / T::kQueries) * kConsumers +
                     consumer;
-        if (thread == 0) {
-          int done = 0;
-          do {
-            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(done) : "l"(turn) : "memory");
-          } while (done < key_tile_index);
-        }
-        sync_threads(kTurnBarrier + consumer, kWarpgroupThreads);
+        wait_for_turn(turn, key_tile_index, thread, consumer);
         add_part();
-        __threadfence();
-        sync_threads(kTurnBarrier + consumer, kWarpgroupThreads);
-        if (thread == 0) atomicAdd(turn, 1);
+        pass_turn(turn, thread, consumer);
       }
 
       // Once dK is done (nothing stays in flight across the loop's back edge, which ptxas would
@@ -689,22 +725,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // loop ran).
     wgmma_wait<0>();
 
-    // dK = scale · Σ dSᵀ Q and dV, once: rows key_base + warp_key + group (+ 8), dims 8n + 2·quad, +1.
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = key_base + warp_key + group + 8 * half;
-      if (key >= kv_seq) continue;
-      const int64_t first = (static_cast<int64_t>(kv_head) * kv_seq + key) * dim;
-#pragma unroll
-      for (int n = 0; n < kDim / kMmaColumns; ++n) {
-        const int column = n * kMmaColumns + 2 * quad;
-        if (column >= dim) continue;
-        const int e = 4 * n + 2 * half;
-        *reinterpret_cast<unsigned*>(grad_k + first + column) =
-            pack_pair<Element>(key_grad[e] * scale, key_grad[e + 1] * scale);
-        *reinterpret_cast<unsigned*>(grad_v + first + column) = pack_pair<Element>(value_grad[e], value_grad[e + 1]);
-      }
-    }
+    // dK = scale · Σ dSᵀ Q and dV, once: rows key_base + warp_key + group (+ 8).
+    write_key_grads<Element, kDim>(key_grad, value_grad, grad_k, grad_v, kv_head, key_base + warp_key + group, 0, quad,
+                                   kv_seq, dim, scale);
   }
 #else
   __trap();  // never launched: the runner refuses every GPU but sm_90 (the descriptor's architecture)
@@ -755,26 +778,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* slot_full = barriers + 1;
   uint64_t* slot_free = barriers + 1 + T::kStages;
 
+  // Which keys: heaviest first under the causal mask (key tile 0 sees every query tile), by
+  // launch_order.cuh's bands of a few tiles of a few heads; K/V head slow otherwise.
   const Work<unsigned> work = ordered_work<unsigned>(blockIdx.x, static_cast<unsigned>(key_tiles),
                                                      static_cast<unsigned>(kv_heads_total), causal);
   const int key_tile_index =
       causal ? key_tiles - 1 - static_cast<int>(work.query_tile) : static_cast<int>(work.query_tile);
-  const int kv_head = static_cast<int>(work.query_head);
+  const int kv_head = static_cast<int>(work.query_head);  // b·Hkv + g
   const int key_base = key_tile_index * T::kBlockKeys;
   const int group_size = q_heads / kv_heads;
   const int first_query_head = kv_head / kv_heads * q_heads + kv_head % kv_heads * group_size;
+  // The query rows that see any key of the tile: all, or under the causal mask (bottom-right) rows
+  // from key_base + Nq − Nk on; the query tiles above them are never loaded.
   const int first_query_tile = causal ? max(0, key_base + q_seq - kv_seq) / T::kQueries : 0;
   const int query_tiles = (q_seq + T::kQueries - 1) / T::kQueries - first_query_tile;
-  const int steps = group_size * query_tiles;
+  const int steps = group_size * query_tiles;  // (query head of the group, query tile) pairs
 
-  if (threadIdx.x == 0) {
-    barrier_init(kv_full, 1);
-    for (int slot = 0; slot < T::kStages; ++slot) {
-      barrier_init(&slot_full[slot], 1);
-      barrier_init(&slot_free[slot], kConsumers * kWarpgroupThreads);
-    }
-    fence_barrier_init();
-  }
+  if (threadIdx.x == 0) init_ring_barriers<T::kStages>(kv_full, slot_full, slot_free);
   __syncthreads();
   launch_dependents();
   const int warpgroup = uniform_warpgroup();
@@ -952,16 +972,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       [[maybe_unused]] int* turn =
           turns + ((static_cast<int64_t>(head) * workspace_head_rows + query_base) / T::kQueries) * kConsumers +
           consumer;
-      if constexpr (kDeterministic) {
-        // Key tile t adds its parts after tiles 0 .. t − 1, so the FP32 sum is the same every run.
-        if (thread == 0) {
-          int done = 0;
-          do {
-            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(done) : "l"(turn) : "memory");
-          } while (done < key_tile_index);
-        }
-        sync_threads(kTurnBarrier + consumer, kWarpgroupThreads);
-      }
+      if constexpr (kDeterministic) wait_for_turn(turn, key_tile_index, thread, consumer);
       wgmma_wait<2>();  // dV and dQ's first part are done; dK and the second part run
       fence_registers(first_part);
       add_part(first_part, 0);
@@ -969,11 +980,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_registers(second_part);
       fence_registers(key_grad);
       add_part(second_part, 1);
-      if constexpr (kDeterministic) {
-        __threadfence();
-        sync_threads(kTurnBarrier + consumer, kWarpgroupThreads);
-        if (thread == 0) atomicAdd(turn, 1);
-      }
+      if constexpr (kDeterministic) pass_turn(turn, thread, consumer);
       barrier_arrive(&slot_free[slot]);
       if (query_base == last_query_base) {
         query_base = first_query_tile * T::kQueries;
@@ -985,21 +992,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
 
     // dK = scale · Σ dSᵀ Q and dV for the consumer's dims: rows key_base + warp_key + group (+ 8).
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int key = key_base + warp_key + group + 8 * half;
-      if (key >= kv_seq) continue;
-      const int64_t first = (static_cast<int64_t>(kv_head) * kv_seq + key) * dim;
-#pragma unroll
-      for (int n = 0; n < T::kConsumerDims / kMmaColumns; ++n) {
-        const int column = consumer * T::kConsumerDims + n * kMmaColumns + 2 * quad;
-        if (column >= dim) continue;
-        const int e = 4 * n + 2 * half;
-        *reinterpret_cast<unsigned*>(grad_k + first + column) =
-            pack_pair<Element>(key_grad[e] * scale, key_grad[e + 1] * scale);
-        *reinterpret_cast<unsigned*>(grad_v + first + column) = pack_pair<Element>(value_grad[e], value_grad[e + 1]);
-      }
-    }
+    write_key_grads<Element, T::kConsumerDims>(key_grad, value_grad, grad_k, grad_v, kv_head,
+                                               key_base + warp_key + group, consumer * T::kConsumerDims, quad, kv_seq,
+                                               dim, scale);
   }
 #else
   __trap();
