@@ -6,9 +6,10 @@
 //
 // Structural tests (tests/structural_tests.cmake, SOURCE stages/13_wgmma_backward/wgmma_backward.cu,
 // ARCH 90a): the PTX holds the five products as wgmma (both operands from shared memory for Sᵀ and
-// dPᵀ, A from registers for dV and dK, both transposed for dQ), the TMA ring, the bulk copies of the
-// LSE and D, setmaxnreg and dQ's 16-byte atomic adds; ptxas spills nothing. On a GPU that is not
-// sm_90 every GPU case here reports skipped (require_stage_runnable).
+// dPᵀ, A from registers for dV and dK, both transposed for dQ; at D = 256 Sᵀ and dPᵀ of 32 queries
+// and dV, dK with A from shared memory), the TMA ring, the bulk copies of the LSE and D, setmaxnreg
+// and dQ's 16-byte atomic adds; ptxas spills nothing. On a GPU that is not sm_90 every GPU case here
+// reports skipped (require_stage_runnable).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
