@@ -411,6 +411,28 @@ __device__ __forceinline__ void write_key_grads(const float (&key_grad)[kColumns
   }
 }
 
+// One 64 x 64 part of dQ into the FP32 workspace, unscaled, in the accumulator order (part_place):
+// 16-byte atomic adds (RED.E.ADD.F32x4, the add done in L2), eight a thread at constant offsets from
+// `lane_part` (immediates of the atomic), a warp's 512 bytes side by side; the caller goes on at once.
+__device__ __forceinline__ void add_query_grad_part(float4* lane_part, const float (&part)[32]) {
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    atomicAdd(lane_part + t * kWarpgroupThreads,
+              make_float4(part[4 * t], part[4 * t + 1], part[4 * t + 2], part[4 * t + 3]));
+  }
+}
+
+// The next step: the next query tile of the head, or the first one of the group's next query head.
+__device__ __forceinline__ void next_step(int& query_base, int& head, int first_query_base, int last_query_base,
+                                          int queries) {
+  if (query_base == last_query_base) {
+    query_base = first_query_base;
+    ++head;
+  } else {
+    query_base += queries;
+  }
+}
+
 // The producer, thread 0 of warpgroup 0: K and V of the block's keys once, then Q, dO, the LSE and D
 // of every step into the ring. Step s is query tile s % query_tiles of the group's query head
 // s / query_tiles.
@@ -680,29 +702,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_registers(probs);
       fence_registers(query_grad);
 
-      // dQ's part into the FP32 workspace, unscaled, in the accumulator order (part_place): 16-byte
-      // atomic adds (RED.E.ADD.F32x4, the add done in L2), eight a thread, a warp's 512 bytes side by
-      // side, and the consumer goes on at once.
-      // One address a thread, the eight adds at constant offsets from it (immediates of the atomic).
+      // dQ's part into the FP32 workspace (add_query_grad_part), one address a thread.
       float4* lane_part = reinterpret_cast<float4*>(
                               grad_q_sum + (static_cast<int64_t>(head) * workspace_head_rows + query_base) * kDim +
                               consumer * kMmaRows * kPanelColumns) +
                           thread;
-      const auto add_part = [&] {
-#pragma unroll
-        for (int t = 0; t < 8; ++t) {
-          atomicAdd(lane_part + t * kWarpgroupThreads, make_float4(query_grad[4 * t], query_grad[4 * t + 1],
-                                                                   query_grad[4 * t + 2], query_grad[4 * t + 3]));
-        }
-      };
       if constexpr (!kDeterministic) {
-        add_part();
+        add_query_grad_part(lane_part, query_grad);
       } else {
         int* turn = turns +
                     ((static_cast<int64_t>(head) * workspace_head_rows + query_base) / T::kQueries) * kConsumers +
                     consumer;
         wait_for_turn(turn, key_tile_index, thread, consumer);
-        add_part();
+        add_query_grad_part(lane_part, query_grad);
         pass_turn(turn, thread, consumer);
       }
 
@@ -714,12 +726,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_registers(grad_scores);
       barrier_arrive(&slot_free[slot]);
-      if (query_base == last_query_base) {
-        query_base = first_query_tile * T::kQueries;
-        ++head;
-      } else {
-        query_base += T::kQueries;
-      }
+      next_step(query_base, head, first_query_tile * T::kQueries, last_query_base, T::kQueries);
     }
     // Nothing runs on the tensor cores any more (said again for ptxas, which cannot tell that the
     // loop ran).
@@ -962,32 +969,20 @@ __global__ void __launch_bounds__(kThreads, 1)
                               grad_q_sum + (static_cast<int64_t>(head) * workspace_head_rows + query_base) * kDim +
                               dim_panel * kMmaRows * kPanelColumns) +
                           thread;
-      const auto add_part = [&](const float(&part)[32], int which) {
-#pragma unroll
-        for (int t = 0; t < 8; ++t) {
-          atomicAdd(lane_part + which * kMmaRows * kPanelColumns / 4 + t * kWarpgroupThreads,
-                    make_float4(part[4 * t], part[4 * t + 1], part[4 * t + 2], part[4 * t + 3]));
-        }
-      };
       [[maybe_unused]] int* turn =
           turns + ((static_cast<int64_t>(head) * workspace_head_rows + query_base) / T::kQueries) * kConsumers +
           consumer;
       if constexpr (kDeterministic) wait_for_turn(turn, key_tile_index, thread, consumer);
       wgmma_wait<2>();  // dV and dQ's first part are done; dK and the second part run
       fence_registers(first_part);
-      add_part(first_part, 0);
+      add_query_grad_part(lane_part, first_part);
       wgmma_wait<0>();
       fence_registers(second_part);
       fence_registers(key_grad);
-      add_part(second_part, 1);
+      add_query_grad_part(lane_part + kMmaRows * kPanelColumns / 4, second_part);
       if constexpr (kDeterministic) pass_turn(turn, thread, consumer);
       barrier_arrive(&slot_free[slot]);
-      if (query_base == last_query_base) {
-        query_base = first_query_tile * T::kQueries;
-        ++head;
-      } else {
-        query_base += T::kQueries;
-      }
+      next_step(query_base, head, first_query_tile * T::kQueries, last_query_base, T::kQueries);
     }
     wgmma_wait<0>();
 
