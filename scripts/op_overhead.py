@@ -16,13 +16,17 @@ Two measurements, both printed as one table:
   event ms per call  at --large (default 8x16x2048x128): CUDA events around each call, the median
                      of the calls after warm-up. Budget: the op within 3 % of the bare call.
 
-Both in --rounds rounds that take op, SDPA and bare in turn (--calls and --reps split among them);
-each value is the median of its rounds, so that a drift of the machine falls on all three alike.
+Both in --rounds rounds that take op, Function, SDPA and bare in turn (--calls and --reps split
+among them); each value is the median of its rounds, so that a drift of the machine falls on all
+four alike.
 
 "bare" is the library's own entry point (fa_forward_v2, fa_backward_v2 through ctypes) on tensors
 allocated once, with its argument struct built once: what a caller pays who does all the work
 of the op (checks, stage choice, allocation) once, outside the loop. The stages are the op's
 choice (fa_course.chosen_stages), so all three run the same kernels where SDPA is not involved.
+"Function" is the thinnest op a Python autograd.Function can be: it allocates the outputs and the
+workspace as the op does and makes the bare calls, with no checks and nothing looked up; what it
+costs beyond bare is autograd's and Python's share, which no op written this way avoids.
 Needs PyTorch and a CUDA GPU (sm_80 or newer); inside a checkout without installing the package:
 PYTHONPATH=python FA_CAPI_LIB=build/lib/libfa_capi.so python3 scripts/op_overhead.py.
 """
@@ -57,7 +61,7 @@ def parse_args(argv=None):
     parser.add_argument("--calls", type=int, default=2000, help="calls per host timing (default: %(default)s)")
     parser.add_argument("--reps", type=int, default=50, help="event-timed calls (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=7,
-                        help="rounds, each timing op, SDPA and bare in turn; a value is the rounds' median "
+                        help="rounds, each timing op, Function, SDPA and bare in turn; a value is the rounds' median "
                              "(default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a budget is missed")
     args = parser.parse_args(argv)
@@ -77,6 +81,7 @@ class Bare:
         forward, self.forward_id, forward_bytes = plan.stage("fwd", "")
         backward, self.backward_id, backward_bytes = plan.stage("bwd", "")
         self.stages = (forward.id, backward.id)
+        self.workspace_bytes = (forward_bytes, backward_bytes)
         self.function_forward = plan.library.handle.fa_forward_v2
         self.function_backward = plan.library.handle.fa_backward_v2
         self.out, self.grad_out = torch.empty_like(q), torch.randn_like(q)
@@ -102,6 +107,38 @@ class Bare:
         self.forward()
         if self.function_backward(self.backward_id, self.backward_args) != 0:
             raise RuntimeError(self.library.last_error())
+
+
+def thinnest_function(torch, bare, plan):
+    """An autograd.Function around the bare stages' library calls: outputs and workspace allocated
+    per call as the op allocates them, nothing checked or looked up."""
+    library, stream = plan.library, plan.stream
+    forward_bytes, backward_bytes = bare.workspace_bytes
+
+    class Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out = torch.empty_like(q)
+            lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=q.device)
+            workspace = torch.empty(forward_bytes, dtype=torch.uint8, device=q.device) if forward_bytes else None
+            library.run_forward(bare.forward_id, plan.problem_pointer, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                out.data_ptr(), lse.data_ptr(), workspace.data_ptr() if forward_bytes else None,
+                                stream())
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            q, k, v, out, lse = ctx.saved_tensors
+            grad_out = grad_out.contiguous()
+            grads = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            workspace = torch.empty(backward_bytes, dtype=torch.uint8, device=q.device) if backward_bytes else None
+            library.run_backward(bare.backward_id, plan.problem_pointer, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                 out.data_ptr(), grad_out.data_ptr(), lse.data_ptr(), *(g.data_ptr() for g in grads),
+                                 workspace.data_ptr() if backward_bytes else None, stream(), False)
+            return grads
+
+    return Function
 
 
 def host_us(torch, call, calls):
@@ -144,13 +181,17 @@ def interleaved(measure, calls, which, rounds):
 
 
 def calls_for(torch, fa_course, shape, dtype, causal):
-    """{name: (forward call, forward + backward call)} for the op, SDPA and the bare C ABI calls."""
+    """{name: (forward call, forward + backward call)} for the op, the thinnest autograd.Function,
+    SDPA and the bare C ABI calls."""
     batch, heads, seq, dim = shape
     q, k, v = (torch.randn(batch, heads, seq, dim, device="cuda", dtype=dtype) for _ in range(3))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     grad_out = torch.randn_like(q)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     bare = Bare(torch, fa_course, q, k, v, causal)
+    from fa_course import ops
+
+    function = thinnest_function(torch, bare, ops.plan_for(q, k, v, causal))
 
     def op_forward():
         return fa_course.attention(q, k, v, causal)
@@ -158,13 +199,20 @@ def calls_for(torch, fa_course, shape, dtype, causal):
     def op_training():
         return torch.autograd.grad(fa_course.attention(*leaves, causal), leaves, grad_out)
 
+    def function_forward():
+        return function.apply(q, k, v)
+
+    def function_training():
+        return torch.autograd.grad(function.apply(*leaves), leaves, grad_out)
+
     def sdpa_forward():
         return sdpa(q, k, v, is_causal=causal)
 
     def sdpa_training():
         return torch.autograd.grad(sdpa(*leaves, is_causal=causal), leaves, grad_out)
 
-    return {"op": (op_forward, op_training), "SDPA": (sdpa_forward, sdpa_training),
+    return {"op": (op_forward, op_training), "Function": (function_forward, function_training),
+            "SDPA": (sdpa_forward, sdpa_training),
             "bare": (bare.forward, bare.forward_backward)}, bare.stages
 
 
@@ -205,10 +253,13 @@ def main(argv=None):
         (f"event ms, fwd+bwd, {large_text}", training_ms, "op <= bare x 1.03",
          training_ms["op"] <= training_ms["bare"] * 1.03),
     ]
-    print(f"{'':34} {'op':>9} {'SDPA':>9} {'bare':>9}  budget")
+    print(f"{'':34} {'op':>9} {'Function':>9} {'SDPA':>9} {'bare':>9}  budget")
     for label, values, budget, met in rows:
-        print(f"{label:34} {values['op']:9.3f} {values['SDPA']:9.3f} {values['bare']:9.3f}  {budget}: "
-              f"{'met' if met else 'MISSED'}")
+        print(f"{label:34} {values['op']:9.3f} {values['Function']:9.3f} {values['SDPA']:9.3f} {values['bare']:9.3f}  "
+              f"{budget}: {'met' if met else 'MISSED'}")
+    print(f"event ms over bare: op {forward_ms['op'] / forward_ms['bare']:.3f} forward, "
+          f"{training_ms['op'] / training_ms['bare']:.3f} fwd+bwd; the thinnest Function "
+          f"{forward_ms['Function'] / forward_ms['bare']:.3f} and {training_ms['Function'] / training_ms['bare']:.3f}")
     if args.check and not all(met for *_, met in rows):
         return 1
     return 0
