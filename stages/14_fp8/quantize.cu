@@ -25,6 +25,7 @@
 #include <type_traits>
 
 #include "fa/cuda_check.hpp"
+#include "fa/kernel/convert.cuh"
 #include "fa/kernel/warp.cuh"
 #include "fa/launch.hpp"
 #include "fp8_numerics.hpp"
@@ -35,6 +36,7 @@ namespace {
 
 using kernel::kFullWarp;
 using kernel::kWarpSize;
+using kernel::to_float;
 
 constexpr int kQkRowsPerWarp = 8;   // quantize_qk_kernel: a warp per 8 rows of a scale block
 constexpr int kAmaxKeys = 256;      // keys per block of value_amax_kernel
@@ -42,15 +44,6 @@ constexpr int kValueTileKeys = 64;  // keys per block of quantize_value_kernel
 constexpr int kValueTileDims = 64;  // channels per block
 constexpr int kValueThreads = 256;
 constexpr int kLayoutAlign = 256;  // every tensor of the workspace starts on such a boundary
-
-template <typename Element>
-__device__ __forceinline__ float to_float(Element value) {
-  if constexpr (std::is_same_v<Element, __half>) {
-    return __half2float(value);
-  } else {
-    return __bfloat162float(value);
-  }
-}
 
 // The contract's point 2: descale and inv from a block's amax, 1 and 1 where 448/amax is not finite.
 struct Scale {

@@ -9,7 +9,6 @@
 #include <map>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <utility>
 
 #include "fa/device_buffer.hpp"
@@ -29,15 +28,6 @@ unsigned blocks_for(int64_t items) {
   return static_cast<unsigned>(std::min<int64_t>(kMaxBlocks, std::max<int64_t>(1, (items + kThreads - 1) / kThreads)));
 }
 
-template <typename Element>
-__device__ __forceinline__ float to_float(Element value) {
-  if constexpr (std::is_same_v<Element, __half>) {
-    return __half2float(value);
-  } else {
-    return __bfloat162float(value);
-  }
-}
-
 // Slot element (row, d) of the local rows: from the block's packed rows where the task covered the
 // row, else O = 0 and LSE = -inf (log2 units, what the merge reads).
 template <typename Element>
@@ -51,7 +41,7 @@ __global__ void store_partial_kernel(float* slot_out, float* slot_lse, const Ele
     const int64_t i = row % part.head_rows;
     const bool inside = i >= part.first && i < part.first + part.count;
     const int64_t block_row = row / part.head_rows * part.count + i - part.first;
-    slot_out[index] = inside ? to_float(block_out[block_row * dim + d]) : 0.0f;
+    slot_out[index] = inside ? kernel::to_float(block_out[block_row * dim + d]) : 0.0f;
     if (d == 0) slot_lse[row] = inside ? block_lse[block_row] * kernel::kLog2e : -INFINITY;
   }
 }
@@ -64,7 +54,7 @@ __global__ void accumulate_kernel(float* sum, const Element* block, RowBlock par
        index += int64_t{gridDim.x} * blockDim.x) {
     const int64_t block_row = index / dim;
     const int64_t row = block_row / part.count * part.head_rows + part.first + block_row % part.count;
-    sum[row * dim + index % dim] += to_float(block[index]);
+    sum[row * dim + index % dim] += kernel::to_float(block[index]);
   }
 }
 

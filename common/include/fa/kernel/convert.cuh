@@ -1,4 +1,4 @@
-// FP32 to the 16-bit element types (taught in stage 07's README, "FP16 and BF16").
+// FP32 to the 16-bit element types and back (taught in stage 07's README, "FP16 and BF16").
 #pragma once
 
 #include <cuda_bf16.h>
@@ -14,6 +14,15 @@ __device__ __forceinline__ Element to_element(float value) {
     return __float2half_rn(value);
   } else {
     return __float2bfloat16_rn(value);
+  }
+}
+
+template <typename Element>
+__device__ __forceinline__ float to_float(Element value) {
+  if constexpr (std::is_same_v<Element, __half>) {
+    return __half2float(value);
+  } else {
+    return __bfloat162float(value);
   }
 }
 
