@@ -28,7 +28,7 @@
 //
 // Everything else (causal masking, grouped-query heads, Nq != Nk, any N, head dims 1 .. 256 in three
 // buckets with padded copies for D % 8 != 0, the log-sum-exp, the TMA store of O) is stage 09's;
-// `scripts/stage_diff 09 10` shows the schedule alone.
+// `scripts/stage_diff 09 10` shows the two changes: the schedule and the persistent blocks.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
