@@ -358,6 +358,41 @@ __global__ void scale_grad_query_kernel(const float4* __restrict__ accumulated, 
   }
 }
 
+// The keys a block owns and the steps it walks, in both kernels: heaviest first under the causal
+// mask (key tile 0 sees every query tile), by launch_order.cuh's bands of a few tiles of a few heads;
+// K/V head slow otherwise. A step is a (query head of the group, query tile) pair; under the causal
+// mask (bottom-right) only the query rows from key_base + Nq − Nk on see a key of the tile, and the
+// query tiles above them are never loaded. The kernel's parameters are taken by reference: each is
+// read from the parameter space where it is used.
+struct KeyTileWork {
+  int key_tile_index;
+  int kv_head;  // b·Hkv + g
+  int key_base;
+  int first_query_head;
+  int first_query_tile;
+  int query_tiles;
+  int steps;
+};
+
+template <int kBlockKeys, int kQueries>
+__device__ __forceinline__ KeyTileWork key_tile_work(const int& key_tiles, const int& kv_heads_total,
+                                                     const int& q_heads, const int& kv_heads, const int& q_seq,
+                                                     const int& kv_seq, const bool& causal) {
+  using namespace kernel;
+  const Work<unsigned> work = ordered_work<unsigned>(blockIdx.x, static_cast<unsigned>(key_tiles),
+                                                     static_cast<unsigned>(kv_heads_total), causal);
+  KeyTileWork tile;
+  tile.key_tile_index = causal ? key_tiles - 1 - static_cast<int>(work.query_tile) : static_cast<int>(work.query_tile);
+  tile.kv_head = static_cast<int>(work.query_head);
+  tile.key_base = tile.key_tile_index * kBlockKeys;
+  const int group_size = q_heads / kv_heads;
+  tile.first_query_head = tile.kv_head / kv_heads * q_heads + tile.kv_head % kv_heads * group_size;
+  tile.first_query_tile = causal ? max(0, tile.key_base + q_seq - kv_seq) / kQueries : 0;
+  tile.query_tiles = (q_seq + kQueries - 1) / kQueries - tile.first_query_tile;
+  tile.steps = group_size * tile.query_tiles;
+  return tile;
+}
+
 // The ring's barriers, by thread 0 (the caller then syncs the block): K and V have landed; per slot,
 // its Q, dO, LSE and D have landed, and every consumer thread is done with them.
 template <int kStages>
@@ -435,15 +470,14 @@ __device__ __forceinline__ void next_step(int& query_base, int& head, int first_
 
 // The producer, thread 0 of warpgroup 0: K and V of the block's keys once, then Q, dO, the LSE and D
 // of every step into the ring. Step s is query tile s % query_tiles of the group's query head
-// s / query_tiles.
+// s / query_tiles (key_tile_work).
 template <typename T>
 __device__ __forceinline__ void produce_steps(const CUtensorMap* query_map, const CUtensorMap* grad_out_map,
                                               const CUtensorMap* key_map, const CUtensorMap* value_map,
                                               unsigned char* key_tile, unsigned char* value_tile, unsigned char* ring,
                                               float* row_data, uint64_t* kv_full, uint64_t* slot_full,
                                               uint64_t* slot_free, const float* lse_log2, const float* row_delta,
-                                              int key_base, int kv_head, int first_query_head, int first_query_tile,
-                                              int query_tiles, int steps, int workspace_head_rows) {
+                                              const KeyTileWork& tile, int workspace_head_rows) {
   using namespace kernel;
   prefetch_tensor_map(query_map);
   prefetch_tensor_map(grad_out_map);
@@ -452,18 +486,18 @@ __device__ __forceinline__ void produce_steps(const CUtensorMap* query_map, cons
   barrier_arrive_expect_bytes(kv_full, 2 * T::kKvTileBytes);
   for (int panel = 0; panel < T::kPanels; ++panel) {
     copy_box_to_shared(shared_address(key_tile + panel * T::kKvPanelBytes), key_map, shared_address(kv_full),
-                       panel * kPanelColumns, key_base, kv_head);
+                       panel * kPanelColumns, tile.key_base, tile.kv_head);
     copy_box_to_shared(shared_address(value_tile + panel * T::kKvPanelBytes), value_map, shared_address(kv_full),
-                       panel * kPanelColumns, key_base, kv_head);
+                       panel * kPanelColumns, tile.key_base, tile.kv_head);
   }
   // K and V are inputs; the LSE and D are the preprocessing's, which may still be running.
   wait_for_prerequisite();
-  for (int step = 0; step < steps; ++step) {
+  for (int step = 0; step < tile.steps; ++step) {
     const int slot = step % T::kStages;
     // Pass n of the ring reuses the slot once the consumers have freed it from pass n − 1.
     if (step >= T::kStages) barrier_wait(&slot_free[slot], (step / T::kStages - 1) & 1);
-    const int head = first_query_head + step / query_tiles;
-    const int row = (first_query_tile + step % query_tiles) * T::kQueries;
+    const int head = tile.first_query_head + step / tile.query_tiles;
+    const int row = (tile.first_query_tile + step % tile.query_tiles) * T::kQueries;
     unsigned char* query_slot = ring + slot * 2 * T::kQueryTileBytes;
     const unsigned full = shared_address(&slot_full[slot]);
     barrier_arrive_expect_bytes(&slot_full[slot], 2 * T::kQueryTileBytes + 2 * T::kRowBytes);
@@ -516,21 +550,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* slot_full = barriers + 1;               // [kStages]: Q, dO, LSE, D of a step have landed
   uint64_t* slot_free = barriers + 1 + T::kStages;  // [kStages]: every consumer thread is done with them
 
-  // Which keys: heaviest first under the causal mask (key tile 0 sees every query tile), by
-  // launch_order.cuh's bands of a few tiles of a few heads; K/V head slow otherwise.
-  const Work<unsigned> work = ordered_work<unsigned>(blockIdx.x, static_cast<unsigned>(key_tiles),
-                                                     static_cast<unsigned>(kv_heads_total), causal);
-  const int key_tile_index =
-      causal ? key_tiles - 1 - static_cast<int>(work.query_tile) : static_cast<int>(work.query_tile);
-  const int kv_head = static_cast<int>(work.query_head);  // b·Hkv + g
-  const int key_base = key_tile_index * kKeys;
-  const int group_size = q_heads / kv_heads;
-  const int first_query_head = kv_head / kv_heads * q_heads + kv_head % kv_heads * group_size;
-  // The query rows that see any key of the tile: all, or under the causal mask (bottom-right) rows
-  // from key_base + Nq − Nk on; the query tiles above them are never loaded.
-  const int first_query_tile = causal ? max(0, key_base + q_seq - kv_seq) / T::kQueries : 0;
-  const int query_tiles = (q_seq + T::kQueries - 1) / T::kQueries - first_query_tile;
-  const int steps = group_size * query_tiles;  // (query head of the group, query tile) pairs
+  // Which keys, and the steps over the query tiles that see them.
+  const KeyTileWork tile =
+      key_tile_work<kKeys, T::kQueries>(key_tiles, kv_heads_total, q_heads, kv_heads, q_seq, kv_seq, causal);
 
   if (threadIdx.x == 0) init_ring_barriers<T::kStages>(kv_full, slot_full, slot_free);
   __syncthreads();
@@ -544,8 +566,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     release_registers<kProducerRegisters>();
     if (threadIdx.x == 0) {
       produce_steps<T>(&query_map, &grad_out_map, &key_map, &value_map, key_tile, value_tile, ring, row_data, kv_full,
-                       slot_full, slot_free, lse_log2, row_delta, key_base, kv_head, first_query_head, first_query_tile,
-                       query_tiles, steps, workspace_head_rows);
+                       slot_full, slot_free, lse_log2, row_delta, tile, workspace_head_rows);
     }
   } else {
     // ---- The consumers: 64 keys each -----------------------------------------------------------
@@ -593,11 +614,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // The step's query head and first query row, stepped along (the producer's division would cost
     // a reciprocal and some twenty instructions a step).
-    int head = first_query_head;
-    int query_base = first_query_tile * T::kQueries;
-    const int last_query_base = (first_query_tile + query_tiles - 1) * T::kQueries;
+    int head = tile.first_query_head;
+    int query_base = tile.first_query_tile * T::kQueries;
+    const int last_query_base = (tile.first_query_tile + tile.query_tiles - 1) * T::kQueries;
 #pragma unroll 1
-    for (int step = 0; step < steps; ++step) {
+    for (int step = 0; step < tile.steps; ++step) {
       const int slot = step % T::kStages;
       unsigned char* query_slot = slot_tile(step);
       unsigned char* grad_out_slot = query_slot + T::kQueryTileBytes;
@@ -627,14 +648,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int query = j * kMmaColumns + 2 * quad + e % 2;
-            const int key = key_base + warp_key + group + 8 * (e / 2);
+            const int key = tile.key_base + warp_key + group + 8 * (e / 2);
             const bool visible = !decltype(with_mask)::value || key - (query_base + query) <= kv_seq - q_seq;
             const float row_lse = e % 2 == 0 ? lse.x : lse.y;
             scores[4 * j + e] = visible ? fast_exp2(fmaf(scores[4 * j + e], scale_log2, -row_lse)) : 0.0f;
           }
         }
       };
-      if (causal && key_base + kKeys - 1 - query_base > kv_seq - q_seq) {
+      if (causal && tile.key_base + kKeys - 1 - query_base > kv_seq - q_seq) {
         probabilities(std::true_type{});
       } else {
         probabilities(std::false_type{});
@@ -713,7 +734,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         int* turn = turns +
                     ((static_cast<int64_t>(head) * workspace_head_rows + query_base) / T::kQueries) * kConsumers +
                     consumer;
-        wait_for_turn(turn, key_tile_index, thread, consumer);
+        wait_for_turn(turn, tile.key_tile_index, thread, consumer);
         add_query_grad_part(lane_part, query_grad);
         pass_turn(turn, thread, consumer);
       }
@@ -726,15 +747,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_registers(grad_scores);
       barrier_arrive(&slot_free[slot]);
-      next_step(query_base, head, first_query_tile * T::kQueries, last_query_base, T::kQueries);
+      next_step(query_base, head, tile.first_query_tile * T::kQueries, last_query_base, T::kQueries);
     }
     // Nothing runs on the tensor cores any more (said again for ptxas, which cannot tell that the
     // loop ran).
     wgmma_wait<0>();
 
     // dK = scale · Σ dSᵀ Q and dV, once: rows key_base + warp_key + group (+ 8).
-    write_key_grads<Element, kDim>(key_grad, value_grad, grad_k, grad_v, kv_head, key_base + warp_key + group, 0, quad,
-                                   kv_seq, dim, scale);
+    write_key_grads<Element, kDim>(key_grad, value_grad, grad_k, grad_v, tile.kv_head, tile.key_base + warp_key + group,
+                                   0, quad, kv_seq, dim, scale);
   }
 #else
   __trap();  // never launched: the runner refuses every GPU but sm_90 (the descriptor's architecture)
@@ -785,21 +806,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* slot_full = barriers + 1;
   uint64_t* slot_free = barriers + 1 + T::kStages;
 
-  // Which keys: heaviest first under the causal mask (key tile 0 sees every query tile), by
-  // launch_order.cuh's bands of a few tiles of a few heads; K/V head slow otherwise.
-  const Work<unsigned> work = ordered_work<unsigned>(blockIdx.x, static_cast<unsigned>(key_tiles),
-                                                     static_cast<unsigned>(kv_heads_total), causal);
-  const int key_tile_index =
-      causal ? key_tiles - 1 - static_cast<int>(work.query_tile) : static_cast<int>(work.query_tile);
-  const int kv_head = static_cast<int>(work.query_head);  // b·Hkv + g
-  const int key_base = key_tile_index * T::kBlockKeys;
-  const int group_size = q_heads / kv_heads;
-  const int first_query_head = kv_head / kv_heads * q_heads + kv_head % kv_heads * group_size;
-  // The query rows that see any key of the tile: all, or under the causal mask (bottom-right) rows
-  // from key_base + Nq − Nk on; the query tiles above them are never loaded.
-  const int first_query_tile = causal ? max(0, key_base + q_seq - kv_seq) / T::kQueries : 0;
-  const int query_tiles = (q_seq + T::kQueries - 1) / T::kQueries - first_query_tile;
-  const int steps = group_size * query_tiles;  // (query head of the group, query tile) pairs
+  // Which keys, and the steps over the query tiles that see them.
+  const KeyTileWork tile =
+      key_tile_work<T::kBlockKeys, T::kQueries>(key_tiles, kv_heads_total, q_heads, kv_heads, q_seq, kv_seq, causal);
 
   if (threadIdx.x == 0) init_ring_barriers<T::kStages>(kv_full, slot_full, slot_free);
   __syncthreads();
@@ -809,8 +818,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     release_registers<kProducerRegisters>();
     if (threadIdx.x == 0) {
       produce_steps<T>(&query_map, &grad_out_map, &key_map, &value_map, key_tile, value_tile, ring, row_data, kv_full,
-                       slot_full, slot_free, lse_log2, row_delta, key_base, kv_head, first_query_head, first_query_tile,
-                       query_tiles, steps, workspace_head_rows);
+                       slot_full, slot_free, lse_log2, row_delta, tile, workspace_head_rows);
     }
   } else {
     claim_registers<kConsumerRegisters>();
@@ -887,11 +895,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     barrier_wait(kv_full, 0);
 
-    int head = first_query_head;
-    int query_base = first_query_tile * T::kQueries;
-    const int last_query_base = (first_query_tile + query_tiles - 1) * T::kQueries;
+    int head = tile.first_query_head;
+    int query_base = tile.first_query_tile * T::kQueries;
+    const int last_query_base = (tile.first_query_tile + tile.query_tiles - 1) * T::kQueries;
 #pragma unroll 1
-    for (int step = 0; step < steps; ++step) {
+    for (int step = 0; step < tile.steps; ++step) {
       const int slot = step % T::kStages;
       unsigned char* query_slot = ring + slot * 2 * T::kQueryTileBytes;
       unsigned char* grad_out_slot = query_slot + T::kQueryTileBytes;
@@ -917,14 +925,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int query = consumer_query + j * kMmaColumns + 2 * quad + e % 2;
-            const int key = key_base + warp_key + group + 8 * (e / 2);
+            const int key = tile.key_base + warp_key + group + 8 * (e / 2);
             const bool visible = !decltype(with_mask)::value || key - (query_base + query) <= kv_seq - q_seq;
             const float row_lse = e % 2 == 0 ? lse.x : lse.y;
             scores[4 * j + e] = visible ? fast_exp2(fmaf(scores[4 * j + e], scale_log2, -row_lse)) : 0.0f;
           }
         }
       };
-      if (causal && key_base + T::kBlockKeys - 1 - query_base > kv_seq - q_seq) {
+      if (causal && tile.key_base + T::kBlockKeys - 1 - query_base > kv_seq - q_seq) {
         probabilities(std::true_type{});
       } else {
         probabilities(std::false_type{});
@@ -972,7 +980,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       [[maybe_unused]] int* turn =
           turns + ((static_cast<int64_t>(head) * workspace_head_rows + query_base) / T::kQueries) * kConsumers +
           consumer;
-      if constexpr (kDeterministic) wait_for_turn(turn, key_tile_index, thread, consumer);
+      if constexpr (kDeterministic) wait_for_turn(turn, tile.key_tile_index, thread, consumer);
       wgmma_wait<2>();  // dV and dQ's first part are done; dK and the second part run
       fence_registers(first_part);
       add_query_grad_part(lane_part, first_part);
@@ -982,14 +990,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       add_query_grad_part(lane_part + kMmaRows * kPanelColumns / 4, second_part);
       if constexpr (kDeterministic) pass_turn(turn, thread, consumer);
       barrier_arrive(&slot_free[slot]);
-      next_step(query_base, head, first_query_tile * T::kQueries, last_query_base, T::kQueries);
+      next_step(query_base, head, tile.first_query_tile * T::kQueries, last_query_base, T::kQueries);
     }
     wgmma_wait<0>();
 
     // dK = scale · Σ dSᵀ Q and dV for the consumer's dims: rows key_base + warp_key + group (+ 8).
-    write_key_grads<Element, T::kConsumerDims>(key_grad, value_grad, grad_k, grad_v, kv_head,
-                                               key_base + warp_key + group, consumer * T::kConsumerDims, quad, kv_seq,
-                                               dim, scale);
+    write_key_grads<Element, T::kConsumerDims>(key_grad, value_grad, grad_k, grad_v, tile.kv_head,
+                                               tile.key_base + warp_key + group, consumer * T::kConsumerDims, quad,
+                                               kv_seq, dim, scale);
   }
 #else
   __trap();
