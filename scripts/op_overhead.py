@@ -77,7 +77,7 @@ class Bare:
     def __init__(self, torch, fa_course, q, k, v, causal):
         from fa_course import capi, ops
 
-        plan = ops.plan_for(q, k, v, causal)
+        self.plan = plan = ops.plan_for(q, k, v, causal)
         forward, self.forward_id, forward_bytes = plan.stage("fwd", "")
         backward, self.backward_id, backward_bytes = plan.stage("bwd", "")
         self.stages = (forward.id, backward.id)
@@ -109,9 +109,10 @@ class Bare:
             raise RuntimeError(self.library.last_error())
 
 
-def thinnest_function(torch, bare, plan):
+def thinnest_function(torch, bare):
     """An autograd.Function around the bare stages' library calls: outputs and workspace allocated
     per call as the op allocates them, nothing checked or looked up."""
+    plan = bare.plan
     library, stream = plan.library, plan.stream
     forward_bytes, backward_bytes = bare.workspace_bytes
 
@@ -189,9 +190,7 @@ def calls_for(torch, fa_course, shape, dtype, causal):
     grad_out = torch.randn_like(q)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     bare = Bare(torch, fa_course, q, k, v, causal)
-    from fa_course import ops
-
-    function = thinnest_function(torch, bare, ops.plan_for(q, k, v, causal))
+    function = thinnest_function(torch, bare)
 
     def op_forward():
         return fa_course.attention(q, k, v, causal)
