@@ -116,16 +116,17 @@ TEST_CASE("stage13: describes what it takes") {
     CHECK(stage.features.rectangular);
     REQUIRE(stage.backward != nullptr);
     // The workspace: dQ's FP32 sum (each query head's 100 rows rounded up to 128, in rows of the
-    // head-dim bucket), the LSE and D of those rows, and a turn counter per 64 rows and consumer;
-    // at least what stage 11 needs, which takes the shapes this stage hands over.
+    // head-dim bucket), the LSE and D of those rows, and a turn counter per 64 x 64 part of dQ's sum
+    // (per 64 rows: one per consumer, or per dims panel at D = 256); at least what stage 11 needs,
+    // which takes the shapes this stage hands over.
     const fa::Problem problem = fa::Problem::square(2, 3, 100, 64);
     const int64_t rows = problem.q_heads_total() * 128;
     const int64_t own = 4 * (rows * 64 + 2 * rows + rows / 64 * 2);
     const int64_t fallback = fa::workspace_bytes(fa::stages::backward_fp16(), problem, fa::Pass::backward);
     CHECK(fa::workspace_bytes(stage, problem, fa::Pass::backward) == std::max(own, fallback));
-    // D = 200 takes the 256 bucket: rows of 256 floats.
+    // D = 200 takes the 256 bucket: rows of 256 floats, four parts per 64 rows.
     const fa::Problem wide = fa::Problem::square(2, 3, 100, 200);
-    const int64_t wide_own = 4 * (rows * 256 + 2 * rows + rows / 64 * 2);
+    const int64_t wide_own = 4 * (rows * 256 + 2 * rows + rows / 64 * 4);
     CHECK(fa::workspace_bytes(stage, wide, fa::Pass::backward) ==
           std::max(wide_own, fa::workspace_bytes(fa::stages::backward_fp16(), wide, fa::Pass::backward)));
     // D not a multiple of 8 is stage 11's.

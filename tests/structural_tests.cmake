@@ -158,8 +158,9 @@ fa_add_spill_test(NAME "stage12: the wgmma kernel spills nothing to local memory
 # turn counters, and the programmatic dependent launch of the three kernels (each lets the next one
 # start, each waits before reading what the one before wrote). At D = 256: Sᵀ and dPᵀ of 32 queries
 # (m64n32k16, both K-major), dV and dK with Pᵀ and dSᵀ read K-major from shared memory (m64n128k16,
-# B MN-major).
-fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the TMA ring, setmaxnreg, dQ's 16-byte atomic adds and the dependent launch (sm_90a)"
+# B MN-major), and the cluster of two blocks: dSᵀ copied into the partner's shared memory by the copy
+# engine (an address from `mapa`, the bulk shared-to-shared copy), the cluster barrier.
+fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the TMA ring, setmaxnreg, dQ's 16-byte atomic adds, the cluster's dS exchange and the dependent launch (sm_90a)"
   STAGE 13_wgmma_backward SOURCE wgmma_backward.cu ARCH 90a
   PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n32k16\\.f32\\.f16\\.f16 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1, 0, 0"
   PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n32k16\\.f32\\.bf16\\.bf16 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1, 0, 0"
@@ -177,6 +178,9 @@ fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the
   PATTERN "setmaxnreg\\.dec\\.sync\\.aligned\\.u32 24" PATTERN "setmaxnreg\\.inc\\.sync\\.aligned\\.u32 240"
   PATTERN "fence\\.proxy\\.async\\.shared::cta"
   PATTERN "(red|atom)\\.global\\.add\\.v4\\.f32" PATTERN "ld\\.acquire\\.gpu\\.global\\.b32"
+  PATTERN "mapa\\.shared::cluster\\.u32"
+  PATTERN "cp\\.async\\.bulk\\.shared::cluster\\.shared::cta\\.mbarrier::complete_tx::bytes"
+  PATTERN "barrier\\.cluster\\.arrive" PATTERN "barrier\\.cluster\\.wait"
   PATTERN "griddepcontrol\\.launch_dependents" PATTERN "griddepcontrol\\.wait")
 # dK and dV (128 FP32 registers a thread at D = 128), Sᵀ, dPᵀ and their 16-bit copies live in
 # registers: no kernel may spill.

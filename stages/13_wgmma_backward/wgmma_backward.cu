@@ -27,9 +27,10 @@
 // runs, stored for dQ; the consumers meet (barrier 1); dQ and dK issued; dQ's atomics while dK runs.
 //
 // Head dims in three buckets (64: Br = 128 queries a step; 128: Br = 64; 256: 64 keys a block, dK
-// and dV split by dims between the consumers, wide_backward_kernel below), D a multiple of 8 (TMA's
-// row rule) and 16-byte aligned tensors; anything else goes to stage 11's mma.sync backward, which
-// takes every shape (README: "What goes to stage 11").
+// and dV split by dims between the consumers, two blocks a cluster that swap dSᵀ so that each adds
+// dQ once for 128 keys, wide_backward_kernel below), D a multiple of 8 (TMA's row rule) and 16-byte
+// aligned tensors; anything else goes to stage 11's mma.sync backward, which takes every shape
+// (README: "What goes to stage 11").
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -141,26 +142,37 @@ struct Tiling {
 // a thread), so a block owns 64 keys and each consumer keeps dK and dV of all of them for half of
 // the dims (128 registers). Sᵀ and dPᵀ are split by queries instead, 32 of a step's 64 each, and go
 // through shared memory (Pᵀ and dSᵀ, 64 keys x 64 queries, two buffers), where both consumers read
-// them as the A of dV, dK and dQ. K, V (32 KB each), two ring slots of Q and dO (64 KB each) and
-// the four score tiles (8 KB each) fill 226 KB.
+// them as the A of dV, dK and dQ. dQ's FP32 additions per FLOP would be twice D = 128's (64 keys a
+// block, 256 dims), so two blocks of neighbouring key tiles run as a cluster and swap dSᵀ through
+// distributed shared memory: block r adds dQ's dims 128r .. 128r + 127 over both blocks' 128 keys,
+// which takes the partner's K for those dims too. K, V (32 KB each), the partner's K half (16 KB),
+// two ring slots of Q and one of dO (32 KB each), two buffers each of Pᵀ, dSᵀ and the partner's dSᵀ
+// (8 KB each) fill 226 KB.
 struct WideTiling {
   static constexpr int kDim = 256;
   static constexpr int kBlockKeys = 64;
+  static constexpr int kClusterBlocks = 2;
+  static constexpr int kPairKeys = kClusterBlocks * kBlockKeys;  // the keys whose dS one dQ addition sums
   static constexpr int kQueries = step_queries(kDim);
   static constexpr int kConsumerQueries = kQueries / kConsumers;  // the N of Sᵀ and dPᵀ
-  static constexpr int kConsumerDims = kDim / kConsumers;         // dK, dV and dQ of a consumer
-  static constexpr int kStages = 2;
+  static constexpr int kConsumerDims = kDim / kConsumers;         // dK and dV of a consumer
+  static constexpr int kBlockDims = kDim / kClusterBlocks;        // dQ of a block (one panel a consumer)
+  static constexpr int kStages = 2;                               // Q's ring; dO has one slot
   static constexpr int kPanels = kDim / kPanelColumns;
   static constexpr int kKvPanelBytes = kBlockKeys * kPanelRowBytes;
   static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
+  static constexpr int kPartnerKeyBytes = kBlockDims / kPanelColumns * kKvPanelBytes;
   static constexpr int kQueryPanelBytes = kQueries * kPanelRowBytes;
   static constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
   static constexpr int kScoreTileBytes = kBlockKeys * kPanelRowBytes;  // rows: keys; 64 queries of 2 bytes
   static constexpr int kRowBytes = kQueries * 4;
-  static constexpr int kBarriers = 1 + 2 * kStages;
-  static constexpr int kSharedBytes = kSwizzleBytes + 2 * kKvTileBytes + kStages * 2 * kQueryTileBytes +
-                                      2 * 2 * kScoreTileBytes + kStages * 2 * kRowBytes + kBarriers * 8;
+  // K and V landed; Q slot full, free; dO full, free; the partner's dSᵀ landed (two buffers).
+  static constexpr int kBarriers = 1 + 2 * kStages + 2 + 2;
+  static constexpr int kSharedBytes = kSwizzleBytes + 2 * kKvTileBytes + kPartnerKeyBytes +
+                                      (kStages + 1) * kQueryTileBytes + 3 * 2 * kScoreTileBytes +
+                                      kStages * 2 * kRowBytes + kBarriers * 8;
   static_assert(kQueries == kPanelColumns && kBlockKeys == kMmaRows, "one 64 x 64 panel of Pᵀ and of dSᵀ");
+  static_assert(kBlockDims / kPanelColumns == kConsumers, "each consumer adds one 64 x 64 part of dQ");
   static_assert(kSharedBytes <= 227 * 1024, "one block's shared memory on an H100/H200");
 };
 
@@ -358,11 +370,12 @@ __global__ void scale_grad_query_kernel(const float4* __restrict__ accumulated, 
   }
 }
 
-// The keys a block owns and the steps it walks, in both kernels: heaviest first under the causal
-// mask (key tile 0 sees every query tile), by launch_order.cuh's bands of a few tiles of a few heads;
-// K/V head slow otherwise. A step is a (query head of the group, query tile) pair; under the causal
-// mask (bottom-right) only the query rows from key_base + Nq − Nk on see a key of the tile, and the
-// query tiles above them are never loaded. The kernel's parameters are taken by reference: each is
+// The keys a block (at D = 256 a cluster) owns and the steps it walks, `work_index` in the launch
+// order: heaviest first under the causal mask (key tile 0 sees every query tile), by
+// launch_order.cuh's bands of a few tiles of a few heads; K/V head slow otherwise. A step is a
+// (query head of the group, query tile) pair; under the causal mask (bottom-right) only the query
+// rows from key_base + Nq − Nk on see a key of the tile, and the query tiles above them are never
+// loaded. The kernel's parameters are taken by reference: each is
 // read from the parameter space where it is used.
 struct KeyTileWork {
   int key_tile_index;
@@ -375,11 +388,11 @@ struct KeyTileWork {
 };
 
 template <int kBlockKeys, int kQueries>
-__device__ __forceinline__ KeyTileWork key_tile_work(const int& key_tiles, const int& kv_heads_total,
-                                                     const int& q_heads, const int& kv_heads, const int& q_seq,
-                                                     const int& kv_seq, const bool& causal) {
+__device__ __forceinline__ KeyTileWork key_tile_work(unsigned work_index, const int& key_tiles,
+                                                     const int& kv_heads_total, const int& q_heads, const int& kv_heads,
+                                                     const int& q_seq, const int& kv_seq, const bool& causal) {
   using namespace kernel;
-  const Work<unsigned> work = ordered_work<unsigned>(blockIdx.x, static_cast<unsigned>(key_tiles),
+  const Work<unsigned> work = ordered_work<unsigned>(work_index, static_cast<unsigned>(key_tiles),
                                                      static_cast<unsigned>(kv_heads_total), causal);
   KeyTileWork tile;
   tile.key_tile_index = causal ? key_tiles - 1 - static_cast<int>(work.query_tile) : static_cast<int>(work.query_tile);
@@ -551,8 +564,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* slot_free = barriers + 1 + T::kStages;  // [kStages]: every consumer thread is done with them
 
   // Which keys, and the steps over the query tiles that see them.
-  const KeyTileWork tile =
-      key_tile_work<kKeys, T::kQueries>(key_tiles, kv_heads_total, q_heads, kv_heads, q_seq, kv_seq, causal);
+  const KeyTileWork tile = key_tile_work<kKeys, T::kQueries>(blockIdx.x, key_tiles, kv_heads_total, q_heads, kv_heads,
+                                                             q_seq, kv_seq, causal);
 
   if (threadIdx.x == 0) init_ring_barriers<T::kStages>(kv_full, slot_full, slot_free);
   __syncthreads();
@@ -762,19 +775,107 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// D = 256 (WideTiling): one block owns 64 keys of one K/V head; consumer c computes Sᵀ and dPᵀ of
-// queries 32c .. 32c + 31 of each step, and dK, dV and dQ of dims 128c .. 128c + 127:
+// A cluster of two blocks (D = 256): blocks 2i and 2i + 1 of the grid, rank 0 and 1. The copy
+// engine moves a tile from this block's shared memory into the partner's (a cluster address, from
+// `mapa`) and completes its bytes on the partner's barrier, as a TMA load does on this block's.
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+__device__ __forceinline__ unsigned partner_shared_address(const void* local, unsigned partner) {
+  unsigned address;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(address)
+               : "r"(kernel::shared_address(local)), "r"(partner));
+  return address;
+}
+__device__ __forceinline__ void copy_shared_to_partner(unsigned destination, const void* source, unsigned bytes,
+                                                       unsigned barrier) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   destination),
+               "r"(kernel::shared_address(source)), "r"(bytes), "r"(barrier)
+               : "memory");
+}
+// Every thread of both blocks: the barriers are initialized before the first remote arrival, and
+// no block leaves while its partner may still write to it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// The producer of D = 256, thread 0 of warpgroup 0: K and V of the block's keys and the partner's K
+// for this block's dQ dims, once; then Q, the LSE and D of every step into the ring, and dO into its
+// one slot (freed once both consumers' dV of the step before is done).
+__device__ __forceinline__ void produce_wide_steps(const CUtensorMap* query_map, const CUtensorMap* grad_out_map,
+                                                   const CUtensorMap* key_map, const CUtensorMap* value_map,
+                                                   unsigned char* key_tile, unsigned char* value_tile,
+                                                   unsigned char* partner_key_tile, unsigned char* query_ring,
+                                                   unsigned char* grad_out_tile, float* row_data, uint64_t* kv_full,
+                                                   uint64_t* query_full, uint64_t* query_free, uint64_t* grad_out_full,
+                                                   uint64_t* grad_out_free, const float* lse_log2,
+                                                   const float* row_delta, const KeyTileWork& pair, int key_base,
+                                                   int partner_key_base, int rank, int workspace_head_rows) {
+  using namespace kernel;
+  using T = WideTiling;
+  prefetch_tensor_map(query_map);
+  prefetch_tensor_map(grad_out_map);
+  prefetch_tensor_map(key_map);
+  prefetch_tensor_map(value_map);
+  const unsigned kv = shared_address(kv_full);
+  barrier_arrive_expect_bytes(kv_full, 2 * T::kKvTileBytes + T::kPartnerKeyBytes);
+  for (int panel = 0; panel < T::kPanels; ++panel) {
+    copy_box_to_shared(shared_address(key_tile + panel * T::kKvPanelBytes), key_map, kv, panel * kPanelColumns,
+                       key_base, pair.kv_head);
+    copy_box_to_shared(shared_address(value_tile + panel * T::kKvPanelBytes), value_map, kv, panel * kPanelColumns,
+                       key_base, pair.kv_head);
+  }
+  for (int panel = 0; panel < T::kBlockDims / kPanelColumns; ++panel) {
+    copy_box_to_shared(shared_address(partner_key_tile + panel * T::kKvPanelBytes), key_map, kv,
+                       rank * T::kBlockDims + panel * kPanelColumns, partner_key_base, pair.kv_head);
+  }
+  wait_for_prerequisite();
+  for (int step = 0; step < pair.steps; ++step) {
+    const int slot = step % T::kStages;
+    const int head = pair.first_query_head + step / pair.query_tiles;
+    const int row = (pair.first_query_tile + step % pair.query_tiles) * T::kQueries;
+    if (step >= T::kStages) barrier_wait(&query_free[slot], (step / T::kStages - 1) & 1);
+    unsigned char* query_slot = query_ring + slot * T::kQueryTileBytes;
+    const unsigned full = shared_address(&query_full[slot]);
+    barrier_arrive_expect_bytes(&query_full[slot], T::kQueryTileBytes + 2 * T::kRowBytes);
+    for (int panel = 0; panel < T::kPanels; ++panel) {
+      copy_box_to_shared(shared_address(query_slot + panel * T::kQueryPanelBytes), query_map, full,
+                         panel * kPanelColumns, row, head);
+    }
+    const int64_t first = static_cast<int64_t>(head) * workspace_head_rows + row;
+    float* slot_rows = row_data + slot * 2 * T::kQueries;
+    copy_bytes_to_shared(shared_address(slot_rows), lse_log2 + first, T::kRowBytes, full);
+    copy_bytes_to_shared(shared_address(slot_rows + T::kQueries), row_delta + first, T::kRowBytes, full);
+
+    if (step >= 1) barrier_wait(grad_out_free, (step - 1) & 1);
+    const unsigned grad_out_full_address = shared_address(grad_out_full);
+    barrier_arrive_expect_bytes(grad_out_full, T::kQueryTileBytes);
+    for (int panel = 0; panel < T::kPanels; ++panel) {
+      copy_box_to_shared(shared_address(grad_out_tile + panel * T::kQueryPanelBytes), grad_out_map,
+                         grad_out_full_address, panel * kPanelColumns, row, head);
+    }
+  }
+}
+
+// D = 256 (WideTiling): a cluster of two blocks owns 128 keys of one K/V head, 64 a block; block r's
+// consumer c computes Sᵀ and dPᵀ of queries 32c .. 32c + 31 of each step, dK and dV of dims
+// 128c .. 128c + 127, and dQ of dims 128r + 64c .. 128r + 64c + 63 over the cluster's 128 keys:
 //
 //   product          M × N × K (consumer c)                 A from                 B from
 //   Sᵀ  = K Qᵀ       64 keys × 32 queries × 256 dims         shared (K, K-major)    shared (Q rows 32c .., K-major)
 //   dPᵀ = V dOᵀ      64 keys × 32 queries × 256 dims         shared (V, K-major)    shared (dO rows 32c .., K-major)
 //   dV += Pᵀ dO      64 keys × 128 dims × 64 queries         shared (Pᵀ, K-major)   shared (dO, MN-major)
 //   dK += dSᵀ Q      64 keys × 128 dims × 64 queries         shared (dSᵀ, K-major)  shared (Q, MN-major)
-//   dQ  = dS K       64 queries × 2 × 64 dims × 64 keys      shared (dSᵀ, MN-major) shared (K, MN-major)
+//   dQ  = dS K       64 queries × 64 dims × 128 keys         shared (both dSᵀ, MN)  shared (both K, MN-major)
 //
 // A step, for each consumer: Sᵀ and dPᵀ issued; Pᵀ while dPᵀ runs, stored; the consumers meet; dV
-// issued; dSᵀ while dV runs, stored; the consumers meet; dQ's two parts and dK issued; each part's
-// atomics while the products behind it run.
+// issued; dSᵀ while dV runs, stored here and in the partner; the consumers meet; dK issued; once dV
+// is done, dO's slot is freed; once the partner's dSᵀ has landed, dQ issued; once dK is done, Q's
+// slot is freed; dQ's atomics.
 template <typename Element, int kDim, bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1)
     wide_backward_kernel(const __grid_constant__ CUtensorMap query_map,
@@ -782,43 +883,64 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const __grid_constant__ CUtensorMap value_map, const float* __restrict__ lse_log2,
                          const float* __restrict__ row_delta, float* __restrict__ grad_q_sum, int* __restrict__ turns,
                          Element* __restrict__ grad_k, Element* __restrict__ grad_v, int q_seq, int kv_seq, int dim,
-                         int workspace_head_rows, int key_tiles, int q_heads, int kv_heads, int kv_heads_total,
+                         int workspace_head_rows, int key_pairs, int q_heads, int kv_heads, int kv_heads_total,
                          bool causal, float scale, float scale_log2) {
 #if FA_STAGE13_DEVICE_CODE
   using T = WideTiling;
   static_assert(kDim == T::kDim, "the D = 256 bucket");
   using namespace kernel;
   constexpr int kQuerySteps = T::kQueries / kMmaDepth;  // 16-query steps of dV and dK
-  constexpr int kKeySteps = T::kBlockKeys / kMmaDepth;  // 16-key steps of dQ
+  constexpr int kKeySteps = T::kBlockKeys / kMmaDepth;  // 16-key steps of dQ, per block of the pair
 
-  // Shared memory: K, V, the ring (slot s: Q, dO), two buffers of (Pᵀ, dSᵀ), the ring's rows, the
-  // barriers.
+  // Shared memory: K, V, the partner's K (this block's dQ dims), the ring (slot s: Q), dO, two
+  // buffers each of Pᵀ, dSᵀ and the partner's dSᵀ, the ring's rows, the barriers.
   extern __shared__ unsigned char shared_memory[];
   unsigned char* shared =
       shared_memory + ((kSwizzleBytes - shared_address(shared_memory) % kSwizzleBytes) % kSwizzleBytes);
   unsigned char* key_tile = shared;
   unsigned char* value_tile = key_tile + T::kKvTileBytes;
-  unsigned char* ring = value_tile + T::kKvTileBytes;
-  unsigned char* score_tiles = ring + T::kStages * 2 * T::kQueryTileBytes;
-  float* row_data = reinterpret_cast<float*>(score_tiles + 2 * 2 * T::kScoreTileBytes);
+  unsigned char* partner_key_tile = value_tile + T::kKvTileBytes;
+  unsigned char* query_ring = partner_key_tile + T::kPartnerKeyBytes;
+  unsigned char* grad_out_tile = query_ring + T::kStages * T::kQueryTileBytes;
+  unsigned char* prob_tiles = grad_out_tile + T::kQueryTileBytes;
+  unsigned char* grad_score_tiles = prob_tiles + 2 * T::kScoreTileBytes;
+  unsigned char* partner_score_tiles = grad_score_tiles + 2 * T::kScoreTileBytes;
+  float* row_data = reinterpret_cast<float*>(partner_score_tiles + 2 * T::kScoreTileBytes);
   uint64_t* barriers = reinterpret_cast<uint64_t*>(row_data + T::kStages * 2 * T::kQueries);
   uint64_t* kv_full = barriers;
-  uint64_t* slot_full = barriers + 1;
-  uint64_t* slot_free = barriers + 1 + T::kStages;
+  uint64_t* query_full = barriers + 1;             // [kStages]
+  uint64_t* query_free = query_full + T::kStages;  // [kStages]
+  uint64_t* grad_out_full = query_free + T::kStages;
+  uint64_t* grad_out_free = grad_out_full + 1;
+  uint64_t* partner_scores_full = grad_out_free + 1;  // [2]: the partner's dSᵀ of a step has landed
 
-  // Which keys, and the steps over the query tiles that see them.
-  const KeyTileWork tile =
-      key_tile_work<T::kBlockKeys, T::kQueries>(key_tiles, kv_heads_total, q_heads, kv_heads, q_seq, kv_seq, causal);
+  // Which 128 keys the cluster owns, and the steps over the query tiles that see them (the lower
+  // block's, so that both blocks walk the same steps); this block's 64 of them.
+  const int rank = static_cast<int>(cluster_rank());
+  const int partner = 1 - rank;
+  const KeyTileWork pair = key_tile_work<T::kPairKeys, T::kQueries>(
+      blockIdx.x / T::kClusterBlocks, key_pairs, kv_heads_total, q_heads, kv_heads, q_seq, kv_seq, causal);
+  const int key_base = pair.key_base + rank * T::kBlockKeys;
+  const int partner_key_base = pair.key_base + partner * T::kBlockKeys;
 
-  if (threadIdx.x == 0) init_ring_barriers<T::kStages>(kv_full, slot_full, slot_free);
-  __syncthreads();
+  if (threadIdx.x == 0) {
+    init_ring_barriers<T::kStages>(kv_full, query_full, query_free);
+    barrier_init(grad_out_full, 1);
+    barrier_init(grad_out_free, kConsumers * kWarpgroupThreads);
+    barrier_init(&partner_scores_full[0], 1);
+    barrier_init(&partner_scores_full[1], 1);
+    fence_barrier_init();
+  }
+  cluster_sync();
   launch_dependents();
   const int warpgroup = uniform_warpgroup();
   if (warpgroup == 0) {
     release_registers<kProducerRegisters>();
     if (threadIdx.x == 0) {
-      produce_steps<T>(&query_map, &grad_out_map, &key_map, &value_map, key_tile, value_tile, ring, row_data, kv_full,
-                       slot_full, slot_free, lse_log2, row_delta, tile, workspace_head_rows);
+      produce_wide_steps(&query_map, &grad_out_map, &key_map, &value_map, key_tile, value_tile, partner_key_tile,
+                         query_ring, grad_out_tile, row_data, kv_full, query_full, query_free, grad_out_full,
+                         grad_out_free, lse_log2, row_delta, pair, key_base, partner_key_base, rank,
+                         workspace_head_rows);
     }
   } else {
     claim_registers<kConsumerRegisters>();
@@ -831,13 +953,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int quad = lane % 4;
     const int warp_key = warp * 16;                                     // the warp's first key of the block's 64
     const int consumer_query = consumer * T::kConsumerQueries;          // the consumer's first query of a step
-    const int dim_panel = consumer * T::kConsumerDims / kPanelColumns;  // its first 64-dim panel
+    const int dim_panel = consumer * T::kConsumerDims / kPanelColumns;  // its first 64-dim panel of dK, dV
+    const int grad_query_panel = rank * kConsumers + consumer;          // its 64 dims of dQ
 
     const uint64_t key_descriptor = k_major_descriptor(shared_address(key_tile));
     const uint64_t value_descriptor = k_major_descriptor(shared_address(value_tile));
     // This thread's score pairs in a 64 x 64 tile of Pᵀ or dSᵀ: row warp_key + group (+ 8), query
     // pair 32c + 8j + 2·quad, in the 128-byte swizzle (16-byte chunk k of row r at chunk k ^ (r % 8)).
     const int score_row_bytes = (warp_key + group) * kPanelRowBytes + quad * 4;
+    // The partner's copy of this block's dSᵀ, and the barriers that say it has landed there.
+    const unsigned partner_scores = partner_shared_address(partner_score_tiles, partner);
+    const unsigned partner_scores_barriers = partner_shared_address(partner_scores_full, partner);
+    const bool sender = consumer == 0 && thread == 0;  // issues the copy of dSᵀ, expects the partner's
 
     float key_grad[T::kConsumerDims / 2] = {};
     float value_grad[T::kConsumerDims / 2] = {};
@@ -867,16 +994,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       wgmma_commit();
     };
-    // One 64 x 64 part of dQ = dS K: dims panel `panel` of K, 16 keys a step.
-    const auto issue_query_grad = [&](float(&part)[32], unsigned score_tile, int panel) {
-      const uint64_t score_descriptor = mn_major_descriptor<T::kScoreTileBytes>(score_tile);
-      const uint64_t key_part =
-          matrix_descriptor(shared_address(key_tile) + panel * T::kKvPanelBytes, T::kKvPanelBytes, kSwizzleBytes);
+    // The consumer's part of dQ = dS K: its 64 dims over this block's keys (its dSᵀ, its K's panel)
+    // and the partner's (the partner's dSᵀ, the partner's K), 16 keys a step.
+    const auto issue_query_grad = [&](float(&part)[32], unsigned score_tile, unsigned partner_score_tile) {
+      const uint64_t sources[2][2] = {{mn_major_descriptor<T::kScoreTileBytes>(score_tile),
+                                       matrix_descriptor(shared_address(key_tile) + grad_query_panel * T::kKvPanelBytes,
+                                                         T::kKvPanelBytes, kSwizzleBytes)},
+                                      {mn_major_descriptor<T::kScoreTileBytes>(partner_score_tile),
+                                       matrix_descriptor(shared_address(partner_key_tile) + consumer * T::kKvPanelBytes,
+                                                         T::kKvPanelBytes, kSwizzleBytes)}};
       wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < kKeySteps; ++k) {
-        wgmma_transposed<Element>(part, advance_descriptor(score_descriptor, k * kMmaDepth * kPanelRowBytes),
-                                  advance_descriptor(key_part, k * kMmaDepth * kPanelRowBytes), k > 0);
+      for (int block = 0; block < T::kClusterBlocks; ++block) {
+#pragma unroll
+        for (int k = 0; k < kKeySteps; ++k) {
+          wgmma_transposed<Element>(part, advance_descriptor(sources[block][0], k * kMmaDepth * kPanelRowBytes),
+                                    advance_descriptor(sources[block][1], k * kMmaDepth * kPanelRowBytes),
+                                    block > 0 || k > 0);
+        }
       }
       wgmma_commit();
     };
@@ -895,24 +1030,26 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     barrier_wait(kv_full, 0);
 
-    int head = tile.first_query_head;
-    int query_base = tile.first_query_tile * T::kQueries;
-    const int last_query_base = (tile.first_query_tile + tile.query_tiles - 1) * T::kQueries;
+    int head = pair.first_query_head;
+    int query_base = pair.first_query_tile * T::kQueries;
+    const int last_query_base = (pair.first_query_tile + pair.query_tiles - 1) * T::kQueries;
 #pragma unroll 1
-    for (int step = 0; step < tile.steps; ++step) {
+    for (int step = 0; step < pair.steps; ++step) {
       const int slot = step % T::kStages;
-      unsigned char* query_slot = ring + slot * 2 * T::kQueryTileBytes;
-      unsigned char* grad_out_slot = query_slot + T::kQueryTileBytes;
+      unsigned char* query_slot = query_ring + slot * T::kQueryTileBytes;
       const float* slot_lse = row_data + slot * 2 * T::kQueries;
       const float* slot_delta = slot_lse + T::kQueries;
-      // Steps alternate between two buffers of (Pᵀ, dSᵀ): this one was last read by the products of
-      // two steps ago, which both consumers waited for before they met in the last step.
-      unsigned char* prob_tile = score_tiles + step % 2 * 2 * T::kScoreTileBytes;
-      unsigned char* grad_score_tile = prob_tile + T::kScoreTileBytes;
+      // Steps alternate between two buffers of Pᵀ, dSᵀ and the partner's dSᵀ: this one was last read
+      // by the products of two steps ago, which both consumers waited for before they met in the
+      // last step (and the partner before it sent the last step's dSᵀ).
+      const int buffer = step % 2;
+      unsigned char* prob_tile = prob_tiles + buffer * T::kScoreTileBytes;
+      unsigned char* grad_score_tile = grad_score_tiles + buffer * T::kScoreTileBytes;
 
-      barrier_wait(&slot_full[slot], (step / T::kStages) & 1);
+      barrier_wait(&query_full[slot], (step / T::kStages) & 1);
+      barrier_wait(grad_out_full, step & 1);
       issue_products_of_keys(scores, key_descriptor, shared_address(query_slot));
-      issue_products_of_keys(grad_probs, value_descriptor, shared_address(grad_out_slot));
+      issue_products_of_keys(grad_probs, value_descriptor, shared_address(grad_out_tile));
       wgmma_wait<1>();
       fence_registers(scores);
 
@@ -925,14 +1062,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int query = consumer_query + j * kMmaColumns + 2 * quad + e % 2;
-            const int key = tile.key_base + warp_key + group + 8 * (e / 2);
+            const int key = key_base + warp_key + group + 8 * (e / 2);
             const bool visible = !decltype(with_mask)::value || key - (query_base + query) <= kv_seq - q_seq;
             const float row_lse = e % 2 == 0 ? lse.x : lse.y;
             scores[4 * j + e] = visible ? fast_exp2(fmaf(scores[4 * j + e], scale_log2, -row_lse)) : 0.0f;
           }
         }
       };
-      if (causal && tile.key_base + T::kBlockKeys - 1 - query_base > kv_seq - q_seq) {
+      if (causal && key_base + T::kBlockKeys - 1 - query_base > kv_seq - q_seq) {
         probabilities(std::true_type{});
       } else {
         probabilities(std::false_type{});
@@ -948,7 +1085,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       store_pairs(prob_tile, pairs);
       fence_shared_for_async_proxy();
       sync_threads(kScoresReadyBarrier, kConsumers * kWarpgroupThreads);
-      issue_key_grads(value_grad, shared_address(prob_tile), shared_address(grad_out_slot));
+      issue_key_grads(value_grad, shared_address(prob_tile), shared_address(grad_out_tile));
 
       // dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ is done (dV runs).
       wgmma_wait<1>();
@@ -966,39 +1103,53 @@ __global__ void __launch_bounds__(kThreads, 1)
       store_pairs(grad_score_tile, pairs);
       fence_shared_for_async_proxy();
       sync_threads(kScoresReadyBarrier, kConsumers * kWarpgroupThreads);
+      // The whole dSᵀ to the partner's buffer (which it read two steps ago, before it sent its dSᵀ of
+      // the last step, which this block has waited for); this block will wait for the partner's.
+      if (sender) {
+        copy_shared_to_partner(partner_scores + buffer * T::kScoreTileBytes, grad_score_tile, T::kScoreTileBytes,
+                               partner_scores_barriers + buffer * 8);
+        barrier_arrive_expect_bytes(&partner_scores_full[buffer], T::kScoreTileBytes);
+      }
 
-      // dQ's first part, dK and dQ's second part; each part is added while what follows it runs.
-      float first_part[32];
-      float second_part[32];
-      issue_query_grad(first_part, shared_address(grad_score_tile), dim_panel);
+      // dK behind dV; dO's slot is free once dV is done; dQ once the partner's dSᵀ has landed; Q's
+      // slot is free once dK is done; dQ's atomics.
       issue_key_grads(key_grad, shared_address(grad_score_tile), shared_address(query_slot));
-      issue_query_grad(second_part, shared_address(grad_score_tile), dim_panel + 1);
+      wgmma_wait<1>();
+      fence_registers(value_grad);
+      barrier_arrive(grad_out_free);
+      barrier_wait(&partner_scores_full[buffer], (step / 2) & 1);
+      float query_grad[32];
+      issue_query_grad(query_grad, shared_address(grad_score_tile),
+                       shared_address(partner_score_tiles + buffer * T::kScoreTileBytes));
+      wgmma_wait<1>();
+      fence_registers(key_grad);
+      barrier_arrive(&query_free[slot]);
+      wgmma_wait<0>();
+      fence_registers(query_grad);
       float4* lane_part = reinterpret_cast<float4*>(
                               grad_q_sum + (static_cast<int64_t>(head) * workspace_head_rows + query_base) * kDim +
-                              dim_panel * kMmaRows * kPanelColumns) +
+                              grad_query_panel * kMmaRows * kPanelColumns) +
                           thread;
-      [[maybe_unused]] int* turn =
-          turns + ((static_cast<int64_t>(head) * workspace_head_rows + query_base) / T::kQueries) * kConsumers +
-          consumer;
-      if constexpr (kDeterministic) wait_for_turn(turn, tile.key_tile_index, thread, consumer);
-      wgmma_wait<2>();  // dV and dQ's first part are done; dK and the second part run
-      fence_registers(first_part);
-      add_query_grad_part(lane_part, first_part);
-      wgmma_wait<0>();
-      fence_registers(second_part);
-      fence_registers(key_grad);
-      add_query_grad_part(lane_part + kMmaRows * kPanelColumns / 4, second_part);
-      if constexpr (kDeterministic) pass_turn(turn, thread, consumer);
-      barrier_arrive(&slot_free[slot]);
-      next_step(query_base, head, tile.first_query_tile * T::kQueries, last_query_base, T::kQueries);
+      if constexpr (!kDeterministic) {
+        add_query_grad_part(lane_part, query_grad);
+      } else {
+        int* turn = turns +
+                    ((static_cast<int64_t>(head) * workspace_head_rows + query_base) / T::kQueries) * T::kPanels +
+                    grad_query_panel;
+        wait_for_turn(turn, pair.key_tile_index, thread, consumer);
+        add_query_grad_part(lane_part, query_grad);
+        pass_turn(turn, thread, consumer);
+      }
+      next_step(query_base, head, pair.first_query_tile * T::kQueries, last_query_base, T::kQueries);
     }
     wgmma_wait<0>();
 
     // dK = scale · Σ dSᵀ Q and dV for the consumer's dims: rows key_base + warp_key + group (+ 8).
-    write_key_grads<Element, T::kConsumerDims>(key_grad, value_grad, grad_k, grad_v, tile.kv_head,
-                                               tile.key_base + warp_key + group, consumer * T::kConsumerDims, quad,
-                                               kv_seq, dim, scale);
+    write_key_grads<Element, T::kConsumerDims>(key_grad, value_grad, grad_k, grad_v, pair.kv_head,
+                                               key_base + warp_key + group, consumer * T::kConsumerDims, quad, kv_seq,
+                                               dim, scale);
   }
+  cluster_sync();
 #else
   __trap();
 #endif
@@ -1015,7 +1166,8 @@ int bucket_of(int64_t dim) { return dim <= 64 ? 64 : dim <= 128 ? 128 : 256; }
 bool own_kernels_take(const Problem& problem) { return problem.dim <= kMaxDim && problem.dim % kAlignElements == 0; }
 
 // The workspace: dQ's FP32 sum, the LSE in log2 units, D, and the turn counters of the
-// deterministic mode (one per consumer part of each query tile).
+// deterministic mode (one per 64 x 64 part of dQ's sum: per consumer of each query tile at D <= 128,
+// per dims panel at D = 256).
 struct Workspace {
   int64_t grad_q_floats;
   int64_t row_floats;
@@ -1025,7 +1177,8 @@ struct Workspace {
 
 Workspace workspace_layout(const Problem& problem) {
   const int64_t rows = problem.q_heads_total() * workspace_head_rows(problem);
-  return {rows * bucket_of(problem.dim), rows, rows / kMmaRows * kConsumers};
+  const int bucket = bucket_of(problem.dim);
+  return {rows * bucket, rows, rows / kMmaRows * (bucket > 128 ? WideTiling::kPanels : kConsumers)};
 }
 
 template <typename Element>
@@ -1042,20 +1195,25 @@ int64_t workspace_bytes(const Problem& problem, Pass pass) {
 // A launch that may start while the kernel before it in the stream still runs (programmatic
 // dependent launch): the kernel calls wait_for_prerequisite() before it reads what that one
 // writes, and the one before calls launch_dependents() to let it start (kernel/dependent_launch.cuh).
+// `cluster_blocks` > 1 launches the blocks in clusters of that many (neighbours in the grid).
 struct EarlyLaunch {
-  EarlyLaunch(unsigned blocks, int threads, int shared_bytes, cudaStream_t stream) {
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
+  EarlyLaunch(unsigned blocks, int threads, int shared_bytes, cudaStream_t stream, unsigned cluster_blocks = 1) {
+    attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[0].val.programmaticStreamSerializationAllowed = 1;
+    attributes[1].id = cudaLaunchAttributeClusterDimension;
+    attributes[1].val.clusterDim.x = cluster_blocks;
+    attributes[1].val.clusterDim.y = 1;
+    attributes[1].val.clusterDim.z = 1;
     config.gridDim = dim3(blocks);
     config.blockDim = dim3(static_cast<unsigned>(threads));
     config.dynamicSmemBytes = static_cast<std::size_t>(shared_bytes);
     config.stream = stream;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    config.attrs = attributes;
+    config.numAttrs = cluster_blocks > 1 ? 2 : 1;
   }
-  EarlyLaunch(const EarlyLaunch&) = delete;  // config points at attribute
+  EarlyLaunch(const EarlyLaunch&) = delete;  // config points at attributes
   EarlyLaunch& operator=(const EarlyLaunch&) = delete;
-  cudaLaunchAttribute attribute{};
+  cudaLaunchAttribute attributes[2]{};
   cudaLaunchConfig_t config{};
 };
 
@@ -1109,11 +1267,21 @@ Status launch(const BackwardArgs& args) {
     }
   }();
   FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
-  const int64_t key_tiles = (problem.kv_seq + T::kBlockKeys - 1) / T::kBlockKeys;
-  const int64_t blocks = key_tiles * problem.kv_heads_total();
+  // A block per (key tile, K/V head); at D = 256 a cluster per (pair of key tiles, K/V head).
+  constexpr int kClusterBlocks = [] {
+    if constexpr (kWide) {
+      return T::kClusterBlocks;
+    } else {
+      return 1;
+    }
+  }();
+  constexpr int kWorkKeys = kClusterBlocks * T::kBlockKeys;
+  const int64_t key_tiles = (problem.kv_seq + kWorkKeys - 1) / kWorkKeys;
+  const int64_t blocks = key_tiles * kClusterBlocks * problem.kv_heads_total();
   FA_STATUS_TRY(check_grid(blocks));
   const float scale = softmax_scale(problem);
-  const EarlyLaunch backward_launch(static_cast<unsigned>(blocks), kThreads, T::kSharedBytes, args.stream);
+  const EarlyLaunch backward_launch(static_cast<unsigned>(blocks), kThreads, T::kSharedBytes, args.stream,
+                                    kClusterBlocks);
   FA_CUDA_TRY(cudaLaunchKernelEx(
       &backward_launch.config, kernel, query_map, grad_out_map, key_map, value_map, lse_log2, row_delta, grad_q_sum,
       turns, static_cast<Element*>(args.grad_k), static_cast<Element*>(args.grad_v), static_cast<int>(problem.q_seq),
