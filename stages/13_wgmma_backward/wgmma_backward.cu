@@ -115,7 +115,8 @@ struct Tiling {
   // registers, at D = 64 Br = 128 does.
   static constexpr int kQueries = step_queries(kDim);
   static constexpr int kBlockKeys = kKeys;
-  static constexpr int kStages = 2;  // query tiles in the ring
+  static constexpr int kClusterBlocks = 1;  // a block alone (D = 256 runs two a cluster)
+  static constexpr int kStages = 2;         // query tiles in the ring
   static constexpr int kPanels = kDim / kPanelColumns;
   static constexpr int kKvPanelBytes = kKeys * kPanelRowBytes;
   static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
@@ -1268,20 +1269,13 @@ Status launch(const BackwardArgs& args) {
   }();
   FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
   // A block per (key tile, K/V head); at D = 256 a cluster per (pair of key tiles, K/V head).
-  constexpr int kClusterBlocks = [] {
-    if constexpr (kWide) {
-      return T::kClusterBlocks;
-    } else {
-      return 1;
-    }
-  }();
-  constexpr int kWorkKeys = kClusterBlocks * T::kBlockKeys;
+  constexpr int kWorkKeys = T::kClusterBlocks * T::kBlockKeys;
   const int64_t key_tiles = (problem.kv_seq + kWorkKeys - 1) / kWorkKeys;
-  const int64_t blocks = key_tiles * kClusterBlocks * problem.kv_heads_total();
+  const int64_t blocks = key_tiles * T::kClusterBlocks * problem.kv_heads_total();
   FA_STATUS_TRY(check_grid(blocks));
   const float scale = softmax_scale(problem);
   const EarlyLaunch backward_launch(static_cast<unsigned>(blocks), kThreads, T::kSharedBytes, args.stream,
-                                    kClusterBlocks);
+                                    T::kClusterBlocks);
   FA_CUDA_TRY(cudaLaunchKernelEx(
       &backward_launch.config, kernel, query_map, grad_out_map, key_map, value_map, lse_log2, row_delta, grad_q_sum,
       turns, static_cast<Element*>(args.grad_k), static_cast<Element*>(args.grad_v), static_cast<int>(problem.q_seq),
