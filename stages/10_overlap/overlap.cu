@@ -331,8 +331,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // "What the compiler made of it".) A piece whose rows see no key takes no turn at all.
       const int tiles = piece.tiles;
       float rescale[2];
-      // Round t (issue_round): S of tile t issued, O rescaled by the factor of tile t - 1 (FlashAttention-3's
-      // order: nothing reads O after the wait), P·V of tile t - 1 issued; the wait for S alone, the
+      // Round t (issue_round): S of tile t issued, O rescaled by the factor of tile t - 1 (so that
+      // nothing reads O after the wait: README), P·V of tile t - 1 issued; the wait for S alone, the
       // softmax of tile t and its P packed aside (next_probs) while P·V still reads `probs`. The
       // wait for that P·V and the new P's move into `probs` (complete_round) open the next loop body,
       // so in each body the softmax lies between the two waits: ptxas 13.0 hoisted a wait for P·V
