@@ -115,8 +115,9 @@ struct Tiling {
   // registers, at D = 64 Br = 128 does.
   static constexpr int kQueries = step_queries(kDim);
   static constexpr int kBlockKeys = kKeys;
-  static constexpr int kClusterBlocks = 1;  // a block alone (D = 256 runs two a cluster)
-  static constexpr int kStages = 2;         // query tiles in the ring
+  static constexpr int kClusterBlocks = 1;                       // a block alone (D = 256 runs two a cluster)
+  static constexpr int kWorkKeys = kClusterBlocks * kBlockKeys;  // the keys a block owns
+  static constexpr int kStages = 2;                              // query tiles in the ring
   static constexpr int kPanels = kDim / kPanelColumns;
   static constexpr int kKvPanelBytes = kKeys * kPanelRowBytes;
   static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
@@ -153,7 +154,7 @@ struct WideTiling {
   static constexpr int kDim = 256;
   static constexpr int kBlockKeys = 64;
   static constexpr int kClusterBlocks = 2;
-  static constexpr int kPairKeys = kClusterBlocks * kBlockKeys;  // the keys whose dS one dQ addition sums
+  static constexpr int kWorkKeys = kClusterBlocks * kBlockKeys;  // the keys whose dS one dQ addition sums
   static constexpr int kQueries = step_queries(kDim);
   static constexpr int kConsumerQueries = kQueries / kConsumers;  // the N of Sᵀ and dPᵀ
   static constexpr int kConsumerDims = kDim / kConsumers;         // dK and dV of a consumer
@@ -565,8 +566,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* slot_free = barriers + 1 + T::kStages;  // [kStages]: every consumer thread is done with them
 
   // Which keys, and the steps over the query tiles that see them.
-  const KeyTileWork tile = key_tile_work<kKeys, T::kQueries>(blockIdx.x, key_tiles, kv_heads_total, q_heads, kv_heads,
-                                                             q_seq, kv_seq, causal);
+  const KeyTileWork tile = key_tile_work<T::kWorkKeys, T::kQueries>(blockIdx.x, key_tiles, kv_heads_total, q_heads,
+                                                                    kv_heads, q_seq, kv_seq, causal);
 
   if (threadIdx.x == 0) init_ring_barriers<T::kStages>(kv_full, slot_full, slot_free);
   __syncthreads();
@@ -919,7 +920,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // block's, so that both blocks walk the same steps); this block's 64 of them.
   const int rank = static_cast<int>(cluster_rank());
   const int partner = 1 - rank;
-  const KeyTileWork pair = key_tile_work<T::kPairKeys, T::kQueries>(
+  const KeyTileWork pair = key_tile_work<T::kWorkKeys, T::kQueries>(
       blockIdx.x / T::kClusterBlocks, key_pairs, kv_heads_total, q_heads, kv_heads, q_seq, kv_seq, causal);
   const int key_base = pair.key_base + rank * T::kBlockKeys;
   const int partner_key_base = pair.key_base + partner * T::kBlockKeys;
@@ -1269,8 +1270,7 @@ Status launch(const BackwardArgs& args) {
   }();
   FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
   // A block per (key tile, K/V head); at D = 256 a cluster per (pair of key tiles, K/V head).
-  constexpr int kWorkKeys = T::kClusterBlocks * T::kBlockKeys;
-  const int64_t key_tiles = (problem.kv_seq + kWorkKeys - 1) / kWorkKeys;
+  const int64_t key_tiles = (problem.kv_seq + T::kWorkKeys - 1) / T::kWorkKeys;
   const int64_t blocks = key_tiles * T::kClusterBlocks * problem.kv_heads_total();
   FA_STATUS_TRY(check_grid(blocks));
   const float scale = softmax_scale(problem);
