@@ -374,7 +374,7 @@ __global__ void scale_grad_query_kernel(const float4* __restrict__ accumulated, 
 
 // The keys a block (at D = 256 a cluster) owns and the steps it walks, `work_index` in the launch
 // order: heaviest first under the causal mask (key tile 0 sees every query tile), by
-// launch_order.cuh's bands of a few tiles of a few heads; K/V head slow otherwise. A step is a
+// launch_order.cuh's wide bands (many tiles of few heads); K/V head slow otherwise. A step is a
 // (query head of the group, query tile) pair; under the causal mask (bottom-right) only the query
 // rows from key_base + Nq − Nk on see a key of the tile, and the query tiles above them are never
 // loaded. The kernel's parameters are taken by reference: each is
@@ -394,8 +394,8 @@ __device__ __forceinline__ KeyTileWork key_tile_work(unsigned work_index, const 
                                                      const int& kv_heads_total, const int& q_heads, const int& kv_heads,
                                                      const int& q_seq, const int& kv_seq, const bool& causal) {
   using namespace kernel;
-  const Work<unsigned> work = ordered_work<unsigned>(work_index, static_cast<unsigned>(key_tiles),
-                                                     static_cast<unsigned>(kv_heads_total), causal);
+  const Work<unsigned> work = ordered_work_wide_bands<unsigned>(work_index, static_cast<unsigned>(key_tiles),
+                                                                static_cast<unsigned>(kv_heads_total), causal);
   KeyTileWork tile;
   tile.key_tile_index = causal ? key_tiles - 1 - static_cast<int>(work.query_tile) : static_cast<int>(work.query_tile);
   tile.kv_head = static_cast<int>(work.query_head);
