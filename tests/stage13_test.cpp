@@ -178,7 +178,7 @@ TEST_CASE("stage13: the wgmma backward under the causal mask") {
         check_backward(stage, fa::Problem::square(2, 1, seq, dim, true), seed++);
     }
     // Eight key tiles of 128 keys (a cluster's at D = 256) a head: launch_order.cuh's wide bands
-    // (six tiles, in bands of two) and its tail band, over four heads.
+    // (six tiles, in bands of two) and its tail (two bands of one), over four heads.
     for (const int64_t dim : {64, 128, 256}) check_backward(stage, fa::Problem::square(2, 2, 1000, dim, true), seed++);
   }
 }

@@ -26,29 +26,21 @@ struct Work {
 
 constexpr int kCausalBandTiles = 8;
 
-// Heaviest first in bands of `band_tiles` tiles, head by head inside a band, from tile
-// `heaviest_tile` down to tile 0 (the diagram above).
-template <typename Index>
-__device__ __forceinline__ Work<Index> banded_work(Index index, Index heaviest_tile, Index band_tiles,
-                                                   Index heads_total) {
-  const Index band = index / (band_tiles * heads_total);
-  const Index heaviest = heaviest_tile - band * band_tiles;  // the band's first tile
-  const Index width = min(band_tiles, heaviest + 1);         // the last band may be short
-  const Index in_band = index - band * band_tiles * heads_total;
-  return {heaviest - in_band % width, in_band / width};
-}
-
 // The order, in one integer type: unsigned 32-bit for a grid of one block per piece of work (the
 // block index is below 2^31, the launch limit, and B·Hq <= 2^20, problem.hpp: a 32-bit division
 // costs a few instructions and registers where a 64-bit one costs dozens), int64_t for kernels that
 // loop over their pieces (a grid-stride loop: stages 03-05, whose row arithmetic is 64-bit; narrowed
 // to 32 bits, the tile costs them their uniform-datapath address arithmetic: ptxas moves it to
 // vector registers).
-template <typename Index>
+template <typename Index, int kBandTiles = kCausalBandTiles>
 __device__ __forceinline__ Work<Index> ordered_work(Index index, Index query_tiles, Index heads_total, bool causal) {
   if (!causal) return {index % query_tiles, index / query_tiles};
-  const Index band_tiles = max(Index{1}, min(Index{kCausalBandTiles}, query_tiles / 4));
-  return banded_work(index, query_tiles - 1, band_tiles, heads_total);
+  const Index band_tiles = max(Index{1}, min(Index{kBandTiles}, query_tiles / 4));
+  const Index band = index / (band_tiles * heads_total);
+  const Index heaviest = query_tiles - 1 - band * band_tiles;  // the band's first tile
+  const Index width = min(band_tiles, heaviest + 1);           // the last band may be short
+  const Index in_band = index - band * band_tiles * heads_total;
+  return {heaviest - in_band % width, in_band / width};
 }
 
 // The backward's order (taught in stage 13's README, "Causal masking"): a block owns a key tile and
@@ -57,18 +49,20 @@ __device__ __forceinline__ Work<Index> ordered_work(Index index, Index query_til
 // read and write) pass between L2 and memory about once per band, and a band holds every head's
 // tiles in turn: the wider the band, the fewer heads in flight and the fewer passes. So the three
 // heaviest quarters of the tiles go in bands of up to 32 (at most a quarter of the tiles), and the
-// lightest quarter, which fills the tail of the grid, in bands of 4.
+// lightest quarter, which fills the tail of the grid, in bands of up to 4 (the same rule).
 constexpr int kWideBandTiles = 32;
 constexpr int kTailBandTiles = 4;
 
 template <typename Index>
 __device__ __forceinline__ Work<Index> ordered_work_wide_bands(Index index, Index tiles, Index heads_total,
                                                                bool causal) {
-  if (!causal) return {index % tiles, index / tiles};
-  const Index wide = max(Index{1}, min(Index{kWideBandTiles}, tiles / 4));
-  const Index wide_tiles = (tiles - tiles / 4) / wide * wide;  // the heaviest, in whole wide bands
-  if (index < wide_tiles * heads_total) return banded_work(index, tiles - 1, wide, heads_total);
-  return banded_work(index - wide_tiles * heads_total, tiles - 1 - wide_tiles, Index{kTailBandTiles}, heads_total);
+  const Index wide = max(Index{1}, min(Index{kWideBandTiles}, tiles / 4));  // ordered_work's band
+  const Index wide_tiles = (tiles - tiles / 4) / wide * wide;               // the heaviest, in whole bands
+  if (!causal || index < wide_tiles * heads_total) {
+    return ordered_work<Index, kWideBandTiles>(index, tiles, heads_total, causal);
+  }
+  // The rest: the lightest tiles, numbered 0 .. tiles − wide_tiles − 1 in ordered_work's order too.
+  return ordered_work<Index, kTailBandTiles>(index - wide_tiles * heads_total, tiles - wide_tiles, heads_total, causal);
 }
 
 struct BlockWork {
