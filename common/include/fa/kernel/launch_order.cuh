@@ -31,9 +31,10 @@ constexpr int kCausalBandTiles = 8;
 // costs a few instructions and registers where a 64-bit one costs dozens), int64_t for kernels that
 // loop over their pieces (a grid-stride loop: stages 03-05, whose row arithmetic is 64-bit; narrowed
 // to 32 bits, the tile costs them their uniform-datapath address arithmetic: ptxas moves it to
-// vector registers).
+// vector registers). On the host too: tests/launch_order_test.cu checks the orders without a GPU.
 template <typename Index, int kBandTiles = kCausalBandTiles>
-__device__ __forceinline__ Work<Index> ordered_work(Index index, Index query_tiles, Index heads_total, bool causal) {
+__host__ __device__ __forceinline__ Work<Index> ordered_work(Index index, Index query_tiles, Index heads_total,
+                                                             bool causal) {
   if (!causal) return {index % query_tiles, index / query_tiles};
   const Index band_tiles = max(Index{1}, min(Index{kBandTiles}, query_tiles / 4));
   const Index band = index / (band_tiles * heads_total);
@@ -54,8 +55,8 @@ constexpr int kWideBandTiles = 32;
 constexpr int kTailBandTiles = 4;
 
 template <typename Index>
-__device__ __forceinline__ Work<Index> ordered_work_wide_bands(Index index, Index tiles, Index heads_total,
-                                                               bool causal) {
+__host__ __device__ __forceinline__ Work<Index> ordered_work_wide_bands(Index index, Index tiles, Index heads_total,
+                                                                        bool causal) {
   const Index wide = max(Index{1}, min(Index{kWideBandTiles}, tiles / 4));  // ordered_work's band
   const Index wide_tiles = (tiles - tiles / 4) / wide * wide;               // the heaviest, in whole bands
   if (!causal || index < wide_tiles * heads_total) {
