@@ -15,14 +15,8 @@
 namespace {
 
 using Order = fa::kernel::Work<unsigned> (*)(unsigned, unsigned, unsigned, bool);
-
-fa::kernel::Work<unsigned> forward_order(unsigned index, unsigned tiles, unsigned heads, bool causal) {
-  return fa::kernel::ordered_work<unsigned>(index, tiles, heads, causal);
-}
-
-fa::kernel::Work<unsigned> backward_order(unsigned index, unsigned tiles, unsigned heads, bool causal) {
-  return fa::kernel::ordered_work_wide_bands<unsigned>(index, tiles, heads, causal);
-}
+constexpr Order forward_order = fa::kernel::ordered_work<unsigned>;
+constexpr Order backward_order = fa::kernel::ordered_work_wide_bands<unsigned>;
 
 // The (tile, head) of each index, in launch order.
 std::vector<std::pair<unsigned, unsigned>> launch_sequence(Order order, unsigned tiles, unsigned heads, bool causal) {
@@ -72,7 +66,7 @@ TEST_CASE("common: the backward's causal order launches the lightest quarter of 
   for (const unsigned tiles : {8u, 16u, 32u, 64u, 128u, 200u}) {
     const unsigned heads = 16;
     const auto sequence = launch_sequence(backward_order, tiles, heads, true);
-    const unsigned wide = std::max(1u, std::min(32u, tiles / 4));
+    const unsigned wide = std::max(1u, std::min(unsigned{fa::kernel::kWideBandTiles}, tiles / 4));
     const unsigned light = tiles - (tiles - tiles / 4) / wide * wide;  // the tail's tiles: 0 .. light - 1
     bool tail_last = true;
     for (std::size_t i = 0; i < sequence.size(); ++i) {
