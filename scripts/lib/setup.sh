@@ -121,7 +121,7 @@ fa_cmake_launchers() {
 # architectures, warning flags and C++ compiler in build-wheel/ (beside the preset's folder: the same
 # relative paths), so with ccache it reuses the preset's compiles.
 check_package_install() {
-  local preset=$1 dir work start=$SECONDS architectures werror compiler log
+  local preset=$1 dir work start=$SECONDS architectures werror compiler log deps=()
   dir=$(preset_binary_dir "$preset")
   architectures=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$dir/CMakeCache.txt")
   werror=$(sed -n 's/^FA_WERROR:[A-Z]*=//p' "$dir/CMakeCache.txt")
@@ -129,12 +129,14 @@ check_package_install() {
   work=$(mktemp -d)
   log="$repo_root/build-wheel/package.log"
   mkdir -p "$repo_root/build-wheel"
+  # Catch2 and CLI11 from .deps/ where the preset's build took them from there (an offline machine).
+  [ -d "$fa_deps_prefix/include" ] && deps=(-C "cmake.define.CMAKE_PREFIX_PATH=$fa_deps_prefix")
   echo "Checking the package a user installs: pip wheel python/ (CUDA architectures $architectures; log: build-wheel/package.log)"
   # shellcheck disable=SC2046
   if ! { CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$repo_root/.venv/bin/pip" wheel --no-build-isolation --no-deps \
            -w "$work/wheel" "$repo_root/python" -C build-dir="$repo_root/build-wheel" \
            -C cmake.define.CMAKE_CUDA_ARCHITECTURES="$architectures" -C cmake.define.FA_WERROR="${werror:-OFF}" \
-           -C cmake.define.CMAKE_CXX_COMPILER="$compiler" \
+           -C cmake.define.CMAKE_CXX_COMPILER="$compiler" "${deps[@]}" \
            $(fa_cmake_launchers "$repo_root/build-wheel" | sed 's/-D/-C cmake.define./g') &&
          python3 -m venv "$work/venv" &&
          "$work/venv/bin/pip" install -q --no-index "$work"/wheel/*.whl &&
