@@ -360,20 +360,32 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // is never written); each tile's K blocks from key_base / 64.
       const int query_block = min(consumer_first_row / static_cast<int>(kQueryBlock), q_blocks - 1);
       const float query_scale = q_descale[static_cast<int64_t>(piece.query_head) * q_blocks + query_block] * scale_log2;
+      // A K block past the last key (the last tile's) has no descale: its scores are masked to
+      // -inf, so the last block's stands in. Where a tile holds several K blocks (D <= 128), each
+      // tile's descales are loaded at the end of the softmax before, so that their address
+      // arithmetic and loads are done under the next products' issue, not in the softmax
+      // (README, "Tried and dropped": one block a tile, at D = 256, keeps them in the softmax).
       const float* key_scales = k_descale + static_cast<int64_t>(piece.kv_head) * k_blocks;
+      constexpr bool kKeyScalesAhead = T::kKeySegments > 1;
+      float tile_key_scales[T::kKeySegments];
+      const auto load_key_scales = [&](int tile) {
+#pragma unroll
+        for (int s = 0; s < T::kKeySegments; ++s) {
+          tile_key_scales[s] = key_scales[min(tile * T::kKeySegments + s, k_blocks - 1)];
+        }
+      };
+      if (kKeyScalesAhead) load_key_scales(0);
       const auto softmax = [&](int tile, float(&rescale)[2]) {
         const int key_base = tile * T::kKeys;
         if (key_base + T::kKeys > piece.unmasked_keys) {
           mask_scores<kScoreTiles>(scores, key_base, quad, key_limit);
         }
-        // A K block past the last key (the last tile's) has no descale: its scores are masked to
-        // -inf, so the last block's stands in.
+        if (!kKeyScalesAhead) load_key_scales(tile);
         float scale[T::kKeySegments];
 #pragma unroll
-        for (int s = 0; s < T::kKeySegments; ++s) {
-          scale[s] = query_scale * key_scales[min(key_base / static_cast<int>(kKeyBlock) + s, k_blocks - 1)];
-        }
+        for (int s = 0; s < T::kKeySegments; ++s) scale[s] = query_scale * tile_key_scales[s];
         tile_softmax<kScoreTiles, T::kKeySegments>(scores, row_max, row_sum, rescale, scale);
+        if (kKeyScalesAhead) load_key_scales(tile + 1);
       };
 
       barrier_wait(query_full, round & 1);
