@@ -148,7 +148,10 @@ void check_quantization(const Problem& problem, Precision precision, bool rotate
 }
 
 std::vector<Problem> quantization_shapes() {
+  // D off the buckets (rows read element by element: 100, 1; in 16-byte chunks with padding: 96)
+  // and on them (64, 128, 256), partial scale blocks and V tiles.
   return {general(2, 3, 1, 200, 333, 100, false), general(1, 2, 2, 129, 17, 64, false),
+          general(1, 2, 2, 300, 200, 128, false), general(2, 2, 1, 150, 97, 96, false),
           general(1, 1, 1, 300, 260, 256, false), general(1, 2, 1, 5, 3, 1, false)};
 }
 

@@ -1,15 +1,17 @@
 // Stage 14's quantization pass: FP16/BF16 Q, K, V to e4m3 with block scales, bit for bit the CPU
 // model of fp8_numerics.hpp (its contract, points 2-5), and V transposed for the attention kernel's
-// 8-bit P·V (quantize.hpp). Three kernels, all bounded by memory traffic:
+// 8-bit P·V (quantize.hpp). Three kernels, all bounded by memory traffic, each reading its input in
+// 16-byte pieces (8 elements: a "chunk") where the rows allow it (D a multiple of 8, aligned):
 //
-//   quantize_qk_kernel      a block per (head, scale block: 128 rows of Q, 64 of K): each warp holds 8 rows in
-//                           registers (rotated in place when asked), the block's amax from them,
-//                           then the codes; nothing is read twice.
-//   value_amax_kernel       V's per-channel amax over all keys of a head: a thread per channel, a
-//                           block per 256 keys, merged by an integer atomicMax (non-negative floats
-//                           order as their bit patterns do).
-//   quantize_value_kernel   a block per (head, 64 keys, 64 channels): codes into a shared tile at
-//                           their transposed, permuted places, then out as 16-byte rows of Vᵀ.
+//   quantize_qk_kernel      a block per (head, scale block: 128 rows of Q, 64 of K): two lanes share
+//                           a row (four at D = 256) and hold it in registers, rotated in place when
+//                           asked (the butterflies cross lanes at one of its stages, two at D = 256);
+//                           the block's amax from them, then the codes; nothing is read twice.
+//   value_amax_kernel       V's per-channel amax, a block per (head, 64 keys): each thread the
+//                           maxima of its chunk's 8 channels, merged over the block, then by an
+//                           integer atomicMax (non-negative floats order as their bit patterns do).
+//   quantize_value_kernel   a block per (head, 64 keys): codes into a shared tile at their
+//                           transposed, permuted places, then out as 16-byte rows of Vᵀ.
 //
 // And for e4m3 tensors a caller quantized (arrange_e4m3), two copies into the kernel's layouts:
 //   pad_rows_kernel         rows of D codes to rows of Dpad, zeros after (Q and K).
@@ -38,12 +40,12 @@ using kernel::kFullWarp;
 using kernel::kWarpSize;
 using kernel::to_float;
 
-constexpr int kQkRowsPerWarp = 8;   // quantize_qk_kernel: a warp per 8 rows of a scale block
-constexpr int kAmaxKeys = 256;      // keys per block of value_amax_kernel
-constexpr int kValueTileKeys = 64;  // keys per block of quantize_value_kernel
-constexpr int kValueTileDims = 64;  // channels per block
+constexpr int kChunk = 8;           // elements of one 16-byte load of FP16/BF16
+constexpr int kValueKeys = 64;      // keys per block of the V kernels
+constexpr int kValueTileDims = 64;  // channels per block of transpose_value_kernel
 constexpr int kValueThreads = 256;
-constexpr int kLayoutAlign = 256;  // every tensor of the workspace starts on such a boundary
+constexpr int kValueRowBytes = kValueKeys + 4;  // a row of a V tile in shared memory (below)
+constexpr int kLayoutAlign = 256;               // every tensor of the workspace starts on such a boundary
 
 // The contract's point 2: descale and inv from a block's amax, 1 and 1 where 448/amax is not finite.
 struct Scale {
@@ -63,66 +65,125 @@ __device__ __forceinline__ unsigned short pack_e4m3x2(float low, float high) {
   return packed;
 }
 
-// The rotation of the contract's point 4 on a row spread over a warp: lane l holds elements
-// l·kPerLane .. l·kPerLane + kPerLane - 1. Stages of len < kPerLane pair elements of one lane; the
-// rest pair lane l with lane l ^ (len / kPerLane), the lower index taking a + b, the upper a - b,
-// the same float operations as the CPU's butterfly, so the results are equal bit for bit.
-template <int kPerLane, int kDimPad>
-__device__ __forceinline__ void hadamard_rotate(float (&x)[kPerLane], int lane, float scale) {
+// The two 16-bit elements of a 32-bit word, low first, as floats (exact).
+template <typename Element>
+__device__ __forceinline__ float2 unpack_pair(unsigned bits) {
+  if constexpr (std::is_same_v<Element, __half>) {
+    __half2 pair;
+    memcpy(&pair, &bits, sizeof(bits));
+    return __half22float2(pair);
+  } else {
+    __nv_bfloat162 pair;
+    memcpy(&pair, &bits, sizeof(bits));
+    return __bfloat1622float2(pair);
+  }
+}
+
+// Elements first .. first + 7 of a row as floats, zeros past `dim` and for a row that is not
+// `valid`: one 16-byte load where `vector` (D a multiple of 8, the tensor 16-byte aligned: a chunk
+// is then whole or past D), else element by element.
+template <typename Element>
+__device__ __forceinline__ void load_chunk(float* x, const Element* row, int first, int dim, bool valid, bool vector) {
+  if (vector) {
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (valid && first < dim) raw = *reinterpret_cast<const uint4*>(row + first);
+    const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float2 pair = unpack_pair<Element>(words[w]);
+      x[2 * w] = pair.x;
+      x[2 * w + 1] = pair.y;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) x[j] = valid && first + j < dim ? to_float(row[first + j]) : 0.0f;
+  }
+}
+
+// How quantize_qk_kernel spreads a row over lanes: kLanes lanes a row, lane c of a row holding the
+// chunks that start at i·kStride + 8c (i < kChunks). One load instruction of a warp then reads whole
+// 32-byte sectors of kRowsPerWarp rows, and the rotation's butterflies of len = 8 .. kStride / 2
+// pair elements of lanes c and c ^ (len / 8) (a shuffle each); all others pair two registers.
+template <int kDimPad>
+struct QkLayout {
+  static constexpr int kLanes = kDimPad <= 64 ? 2 : 4;
+  static constexpr int kRowsPerWarp = kWarpSize / kLanes;
+  static constexpr int kStride = kChunk * kLanes;
+  static constexpr int kChunks = kDimPad / kStride;
+  static constexpr int kPerLane = kChunks * kChunk;  // 32, 64, 64 floats a thread
+  template <int kBlockRows>
+  static constexpr int threads() {
+    return kBlockRows / kRowsPerWarp * kWarpSize;
+  }
+};
+
+// The rotation of the contract's point 4 on a row spread as QkLayout says: for each len the same
+// pairs and the same float operations as the CPU's butterfly (the lower index takes a + b, the
+// upper a - b), so the results are equal bit for bit.
+template <int kDimPad>
+__device__ __forceinline__ void hadamard_rotate(float (&x)[QkLayout<kDimPad>::kPerLane], int lane_in_row, float scale) {
+  using Layout = QkLayout<kDimPad>;
+  const auto butterfly = [](float& low, float& high) {
+    const float a = low;
+    const float b = high;
+    low = a + b;
+    high = a - b;
+  };
 #pragma unroll
   for (int len = 1; len < kDimPad; len *= 2) {
-    if (len < kPerLane) {
+    if (len < kChunk) {  // within a chunk
 #pragma unroll
-      for (int e = 0; e < kPerLane; ++e) {
-        if ((e & len) == 0) {
-          const float a = x[e];
-          const float b = x[e + len];
-          x[e] = a + b;
-          x[e + len] = a - b;
-        }
+      for (int e = 0; e < Layout::kPerLane; ++e) {
+        if ((e & len) == 0) butterfly(x[e], x[e + len]);
       }
-    } else {
-      const int lane_bit = len / kPerLane;
-      const bool upper = (lane & lane_bit) != 0;
+    } else if (len < Layout::kStride) {  // across the lanes of the row
+      // The lower lane's x + other and the upper's other - x, as one fma with an exact product.
+      const int lane_bit = len / kChunk;
+      const float sign = (lane_in_row & lane_bit) != 0 ? -1.0f : 1.0f;
 #pragma unroll
-      for (int e = 0; e < kPerLane; ++e) {
+      for (int e = 0; e < Layout::kPerLane; ++e) {
         const float other = __shfl_xor_sync(kFullWarp, x[e], lane_bit);
-        x[e] = upper ? other - x[e] : x[e] + other;
+        x[e] = fmaf(sign, x[e], other);
+      }
+    } else {  // across a lane's chunks
+      const int chunk_bit = len / Layout::kStride;
+#pragma unroll
+      for (int i = 0; i < Layout::kChunks; ++i) {
+        if ((i & chunk_bit) != 0) continue;
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) butterfly(x[i * kChunk + j], x[(i + chunk_bit) * kChunk + j]);
       }
     }
   }
 #pragma unroll
-  for (int e = 0; e < kPerLane; ++e) x[e] *= scale;
+  for (int e = 0; e < Layout::kPerLane; ++e) x[e] *= scale;
 }
 
 // Q or K: a block per (head, block of kBlockRows rows), blockIdx.x = head · blocks_per_head + block.
 template <typename Element, int kDimPad, int kBlockRows>
-__global__ void __launch_bounds__(kBlockRows / kQkRowsPerWarp * kWarpSize)
+__global__ void __launch_bounds__(QkLayout<kDimPad>::template threads<kBlockRows>())
     quantize_qk_kernel(const Element* __restrict__ source, uint8_t* __restrict__ codes, float* __restrict__ descales,
-                       int seq, int dim, int blocks_per_head, bool rotate, float rotation_scale) {
-  constexpr int kPerLane = kDimPad / kWarpSize;
-  constexpr int kWarps = kBlockRows / kQkRowsPerWarp;
-  constexpr int kRowsPerWarp = kQkRowsPerWarp;
+                       int seq, int dim, int blocks_per_head, bool vector, bool rotate, float rotation_scale) {
+  using Layout = QkLayout<kDimPad>;
+  constexpr int kWarps = kBlockRows / Layout::kRowsPerWarp;
   const int64_t head = blockIdx.x / blocks_per_head;
   const int block = static_cast<int>(blockIdx.x % blocks_per_head);
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  const int first_row = block * kBlockRows + warp * kRowsPerWarp;
+  const int lane_in_row = lane % Layout::kLanes;
+  const int row = block * kBlockRows + warp * Layout::kRowsPerWarp + lane / Layout::kLanes;
+  const bool valid = row < seq;
 
-  float values[kRowsPerWarp][kPerLane];
+  float x[Layout::kPerLane];
+  const Element* row_start = source + (head * seq + (valid ? row : 0)) * dim;
+#pragma unroll
+  for (int i = 0; i < Layout::kChunks; ++i) {
+    load_chunk(&x[i * kChunk], row_start, i * Layout::kStride + lane_in_row * kChunk, dim, valid, vector);
+  }
+  if (rotate) hadamard_rotate<kDimPad>(x, lane_in_row, rotation_scale);
   float amax = 0.0f;
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int row = first_row + r;
-#pragma unroll
-    for (int e = 0; e < kPerLane; ++e) {
-      const int column = lane * kPerLane + e;
-      values[r][e] = row < seq && column < dim ? to_float(source[(head * seq + row) * dim + column]) : 0.0f;
-    }
-    if (rotate) hadamard_rotate<kPerLane, kDimPad>(values[r], lane, rotation_scale);
-#pragma unroll
-    for (int e = 0; e < kPerLane; ++e) amax = fmaxf(amax, fabsf(values[r][e]));
-  }
+  for (int e = 0; e < Layout::kPerLane; ++e) amax = fmaxf(amax, fabsf(x[e]));
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     amax = fmaxf(amax, __shfl_xor_sync(kFullWarp, amax, offset));
@@ -134,124 +195,173 @@ __global__ void __launch_bounds__(kBlockRows / kQkRowsPerWarp * kWarpSize)
   for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, warp_amax[w]);
   const Scale scale = scale_of(amax);
   if (threadIdx.x == 0) descales[head * blocks_per_head + block] = scale.descale;
+  if (!valid) return;
 
+  // A chunk's 8 codes in one 8-byte store.
+  uint8_t* out = codes + (head * seq + row) * kDimPad + lane_in_row * kChunk;
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int row = first_row + r;
-    if (row >= seq) break;
-    uint8_t* out = codes + (head * seq + row) * kDimPad + lane * kPerLane;
-    unsigned short pairs[kPerLane / 2];
+  for (int i = 0; i < Layout::kChunks; ++i) {
+    unsigned words[2];
 #pragma unroll
-    for (int e = 0; e < kPerLane; e += 2) {
-      pairs[e / 2] = pack_e4m3x2(values[r][e] * scale.inv, values[r][e + 1] * scale.inv);
+    for (int w = 0; w < 2; ++w) {
+      const float* v = &x[i * kChunk + 4 * w];
+      words[w] = pack_e4m3x2(v[0] * scale.inv, v[1] * scale.inv) |
+                 static_cast<unsigned>(pack_e4m3x2(v[2] * scale.inv, v[3] * scale.inv)) << 16;
     }
-    if constexpr (kPerLane == 2) {
-      *reinterpret_cast<unsigned short*>(out) = pairs[0];
-    } else if constexpr (kPerLane == 4) {
-      *reinterpret_cast<unsigned*>(out) = pairs[0] | static_cast<unsigned>(pairs[1]) << 16;
-    } else {
-      static_assert(kPerLane == 8, "Dpad is 64, 128 or 256");
-      *reinterpret_cast<uint2*>(out) = make_uint2(pairs[0] | static_cast<unsigned>(pairs[1]) << 16,
-                                                  pairs[2] | static_cast<unsigned>(pairs[3]) << 16);
-    }
+    *reinterpret_cast<uint2*>(out + i * Layout::kStride) = make_uint2(words[0], words[1]);
   }
 }
 
-// V's per-channel amax: a thread per channel d < Dpad (blockDim.x = Dpad), a block per (head, 256
-// keys), blockIdx.x = head · chunks + chunk. `amax` (zeroed) holds the float bits.
-template <typename Element>
-__global__ void value_amax_kernel(const Element* __restrict__ source, unsigned* __restrict__ amax, int seq, int dim,
-                                  int chunks) {
-  const int64_t head = blockIdx.x / chunks;
-  const int first_key = static_cast<int>(blockIdx.x % chunks) * kAmaxKeys;
-  const int d = threadIdx.x;
-  if (d >= dim) return;
-  float value_max = 0.0f;
-  const int last_key = min(seq, first_key + kAmaxKeys);
-  for (int key = first_key; key < last_key; ++key) {
-    value_max = fmaxf(value_max, fabsf(to_float(source[(head * seq + key) * dim + d])));
-  }
-  if (value_max > 0.0f) atomicMax(&amax[head * blockDim.x + d], __float_as_uint(value_max));
-}
-
-// The tile of Vᵀ a block of quantize_value_kernel or transpose_value_kernel handles: blockIdx.x =
-// (head · channel tiles + channel tile) · key tiles + key tile, (head, 64 keys, 64 channels).
-struct ValueTile {
+// The V kernels' share of a head's keys: a block per (head, 64 keys), blockIdx.x = head · key_tiles +
+// key tile; thread t reads chunk t % kChunks (channels 8c .. 8c + 7) of keys t / kChunks + p ·
+// kKeysPerPass, p < kPasses (at D = 128: 16 chunks a key row, 16 keys a pass, 4 passes).
+template <int kDimPad>
+struct ValueChunks {
+  static constexpr int kChunks = kDimPad / kChunk;
+  static constexpr int kKeysPerPass = kValueThreads / kChunks;
+  static constexpr int kPasses = kValueKeys / kKeysPerPass;
   int64_t head;
   int first_key;
-  int first_channel;
-  bool first;  // the head's first key tile, which writes the descales
-  __device__ ValueTile(int dim_padded, int key_tiles) {
-    const int key_tile = static_cast<int>(blockIdx.x % key_tiles);
-    const int64_t rest = blockIdx.x / key_tiles;
-    const int dim_tiles = dim_padded / kValueTileDims;
-    head = rest / dim_tiles;
-    first_key = key_tile * kValueTileKeys;
-    first_channel = static_cast<int>(rest % dim_tiles) * kValueTileDims;
-    first = key_tile == 0;
+  int chunk;
+  __device__ ValueChunks(int key_tiles)
+      : head(blockIdx.x / key_tiles),
+        first_key(static_cast<int>(blockIdx.x % key_tiles) * kValueKeys),
+        chunk(static_cast<int>(threadIdx.x % kChunks)) {}
+  __device__ int key_of(int pass) const {  // within the block's 64
+    return static_cast<int>(threadIdx.x / kChunks) + pass * kKeysPerPass;
   }
 };
 
-// Fills a shared tile of codes, tile[channel][kernel_key_position(key)] = code_of(key, d) (keys past
-// Nk and channels past D zero), and writes it out as 16-byte rows of Vᵀ. Every element a thread
-// loads is in channel column threadIdx.x % 64 (256 is a multiple of 64): `code_of` may read that
-// channel's scale once. A warp's 32 threads store one key of 32 channels: with rows of 64 bytes
-// those bytes would fall in 2 of the 32 banks (16-way conflicts); rows of 68 bytes (17 words) put
-// them in 32. The rows are read back a word at a time (68 is no multiple of 16).
-template <typename CodeOf>
-__device__ __forceinline__ void store_value_tile(const ValueTile& at, uint8_t* __restrict__ transposed, int seq,
-                                                 int seq_padded, int dim, int dim_padded, CodeOf&& code_of) {
-  constexpr int kRowBytes = kValueTileKeys + 4;
-  __shared__ __align__(16) uint8_t tile[kValueTileDims][kRowBytes];
-  const int column = threadIdx.x % kValueTileDims;
-  const int d = at.first_channel + column;
-  for (int index = threadIdx.x; index < kValueTileKeys * kValueTileDims; index += kValueThreads) {
-    const int key = index / kValueTileDims;
-    const int64_t at_key = at.first_key + key;
-    tile[column][kernel_key_position(key)] = at_key < seq && d < dim ? code_of(at.head * seq + at_key) : 0;
+// V's per-channel amax. `amax` (zeroed) holds the float bits of (head, Dpad) channels.
+template <typename Element, int kDimPad>
+__global__ void __launch_bounds__(kValueThreads)
+    value_amax_kernel(const Element* __restrict__ source, unsigned* __restrict__ amax, int seq, int dim, int key_tiles,
+                      bool vector) {
+  using Chunks = ValueChunks<kDimPad>;
+  const Chunks at(key_tiles);
+  float channel_max[kChunk] = {};
+#pragma unroll
+  for (int pass = 0; pass < Chunks::kPasses; ++pass) {
+    const int key = at.first_key + at.key_of(pass);
+    float x[kChunk];
+    load_chunk(x, source + (at.head * seq + min(key, seq - 1)) * dim, at.chunk * kChunk, dim, key < seq, vector);
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) channel_max[j] = fmaxf(channel_max[j], fabsf(x[j]));
+  }
+  // The lanes of a warp that read the same chunk are kChunks apart; then the warps, in shared memory.
+#pragma unroll
+  for (int offset = Chunks::kChunks; offset < kWarpSize; offset *= 2) {
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      channel_max[j] = fmaxf(channel_max[j], __shfl_xor_sync(kFullWarp, channel_max[j], offset));
+    }
+  }
+  constexpr int kWarps = kValueThreads / kWarpSize;
+  __shared__ float warp_max[kWarps][kDimPad];
+  const int warp = threadIdx.x / kWarpSize;
+  if (threadIdx.x % kWarpSize < Chunks::kChunks) {
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) warp_max[warp][at.chunk * kChunk + j] = channel_max[j];
   }
   __syncthreads();
-  constexpr int kChunks = kValueTileKeys / 16;  // 16-byte chunks of a channel's row
-  for (int index = threadIdx.x; index < kValueTileDims * kChunks; index += kValueThreads) {
-    const int row = index / kChunks;
-    const int position = at.first_key + index % kChunks * 16;
-    if (position >= seq_padded) continue;  // Nk_pad is a multiple of 16: a chunk is in or out whole
-    const int64_t channel = at.head * dim_padded + at.first_channel + row;
-    const unsigned* words = reinterpret_cast<const unsigned*>(&tile[row][index % kChunks * 16]);
-    *reinterpret_cast<uint4*>(transposed + channel * seq_padded + position) =
+  const int d = threadIdx.x;
+  if (d >= dim) return;
+  float value_max = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) value_max = fmaxf(value_max, warp_max[w][d]);
+  if (value_max > 0.0f) atomicMax(&amax[at.head * kDimPad + d], __float_as_uint(value_max));
+}
+
+// A block's codes of V_qᵀ, out of a shared tile of kRows rows of 64 keys (kValueRowBytes apart:
+// below) into 16-byte pieces of the channels' rows: tile row r holds channel first_channel +
+// channel_of(r) of `head`, from key first_key.
+template <int kRows, typename ChannelOf>
+__device__ __forceinline__ void write_value_rows(const uint8_t (&tile)[kRows][kValueRowBytes],
+                                                 uint8_t* __restrict__ transposed, int64_t first_channel_row,
+                                                 int first_key, int seq_padded, ChannelOf&& channel_of) {
+  constexpr int kPieces = kValueKeys / 16;  // 16-byte pieces of a channel's row
+  for (int index = threadIdx.x; index < kRows * kPieces; index += kValueThreads) {
+    const int row = index / kPieces;
+    const int position = first_key + index % kPieces * 16;
+    if (position >= seq_padded) continue;  // Nk_pad is a multiple of 16: a piece is in or out whole
+    const unsigned* words = reinterpret_cast<const unsigned*>(&tile[row][index % kPieces * 16]);
+    *reinterpret_cast<uint4*>(transposed + (first_channel_row + channel_of(row)) * seq_padded + position) =
         make_uint4(words[0], words[1], words[2], words[3]);
   }
 }
 
-// V quantized per channel and transposed, a block per ValueTile. Key k of the tile goes to position
-// kernel_key_position(k) of the channel's row (quantize.hpp).
-template <typename Element>
-__global__ void __launch_bounds__(kValueThreads)
+// V quantized per channel and transposed, a block per (head, 64 keys). Key k of the block goes to
+// position kernel_key_position(k) of its channel's row (quantize.hpp). A warp's stores of one of its
+// chunks' channels j land in tile rows j · kChunks + chunk (channel 8 · chunk + j): with rows of 68
+// bytes (17 words) the warp's chunks fall in different banks. At least three blocks an SM: left to
+// itself, ptxas gives the D = 128 kernel 32 registers and a spill.
+template <typename Element, int kDimPad>
+__global__ void __launch_bounds__(kValueThreads, 3)
     quantize_value_kernel(const Element* __restrict__ source, const unsigned* __restrict__ amax,
                           uint8_t* __restrict__ transposed, float* __restrict__ descales, int seq, int seq_padded,
-                          int dim, int dim_padded, int key_tiles) {
-  const ValueTile at(dim_padded, key_tiles);
-  const int d = at.first_channel + static_cast<int>(threadIdx.x % kValueTileDims);
-  const Scale scale = scale_of(__uint_as_float(amax[at.head * dim_padded + d]));
-  if (at.first && threadIdx.x < kValueTileDims) descales[at.head * dim_padded + d] = scale.descale;
-  store_value_tile(at, transposed, seq, seq_padded, dim, dim_padded, [&](int64_t row) {
-    return static_cast<uint8_t>(pack_e4m3x2(to_float(source[row * dim + d]) * scale.inv, 0.0f) & 0xff);
-  });
+                          int dim, int key_tiles, bool vector) {
+  using Chunks = ValueChunks<kDimPad>;
+  // Each channel's scale once (two divisions), by thread d, before anything else is live; the
+  // first key tile writes the descales.
+  __shared__ float channel_inv[kDimPad];
+  if (threadIdx.x < kDimPad) {
+    const int64_t channel = blockIdx.x / key_tiles * kDimPad + threadIdx.x;
+    const Scale scale = scale_of(__uint_as_float(amax[channel]));
+    channel_inv[threadIdx.x] = scale.inv;
+    if (blockIdx.x % key_tiles == 0) descales[channel] = scale.descale;
+  }
+  __syncthreads();
+  const Chunks at(key_tiles);
+  float inv[kChunk];
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) inv[j] = channel_inv[at.chunk * kChunk + j];
+  __shared__ __align__(16) uint8_t tile[kDimPad][kValueRowBytes];
+#pragma unroll
+  for (int pass = 0; pass < Chunks::kPasses; ++pass) {
+    const int key = at.key_of(pass);
+    const int at_key = at.first_key + key;
+    float x[kChunk];
+    load_chunk(x, source + (at.head * seq + min(at_key, seq - 1)) * dim, at.chunk * kChunk, dim, at_key < seq, vector);
+    const int position = kernel_key_position(key);
+#pragma unroll
+    for (int j = 0; j < kChunk; j += 2) {
+      const unsigned short pair = pack_e4m3x2(x[j] * inv[j], x[j + 1] * inv[j + 1]);
+      tile[j * Chunks::kChunks + at.chunk][position] = static_cast<uint8_t>(pair & 0xff);
+      tile[(j + 1) * Chunks::kChunks + at.chunk][position] = static_cast<uint8_t>(pair >> 8);
+    }
+  }
+  __syncthreads();
+  write_value_rows(tile, transposed, at.head * kDimPad, at.first_key, seq_padded,
+                   [](int row) { return row % Chunks::kChunks * kChunk + row / Chunks::kChunks; });
 }
 
 // e4m3 V rows (B·Hkv, Nk, D) to Vᵀ, codes unchanged, and the descales (B·Hkv, D) to (B·Hkv, Dpad),
-// 1 for the padding channels (their codes are zero), a block per ValueTile.
+// 1 for the padding channels (their codes are zero), a block per (head, 64 keys, 64 channels),
+// blockIdx.x = (head · channel tiles + channel tile) · key tiles + key tile. A warp's 32 threads store
+// one key of 32 channels, in 32 banks with rows of 68 bytes.
 __global__ void __launch_bounds__(kValueThreads)
     transpose_value_kernel(const uint8_t* __restrict__ source, const float* __restrict__ source_descales,
                            uint8_t* __restrict__ transposed, float* __restrict__ descales, int seq, int seq_padded,
                            int dim, int dim_padded, int key_tiles) {
-  const ValueTile at(dim_padded, key_tiles);
-  const int d = at.first_channel + static_cast<int>(threadIdx.x % kValueTileDims);
-  if (at.first && threadIdx.x < kValueTileDims) {
-    descales[at.head * dim_padded + d] = d < dim ? source_descales[at.head * dim + d] : 1.0f;
+  const int key_tile = static_cast<int>(blockIdx.x % key_tiles);
+  const int64_t rest = blockIdx.x / key_tiles;
+  const int64_t head = rest / (dim_padded / kValueTileDims);
+  const int first_key = key_tile * kValueKeys;
+  const int first_channel = static_cast<int>(rest % (dim_padded / kValueTileDims)) * kValueTileDims;
+  const int column = threadIdx.x % kValueTileDims;
+  const int d = first_channel + column;
+  if (key_tile == 0 && threadIdx.x < kValueTileDims) {
+    descales[head * dim_padded + d] = d < dim ? source_descales[head * dim + d] : 1.0f;
   }
-  store_value_tile(at, transposed, seq, seq_padded, dim, dim_padded,
-                   [&](int64_t row) { return source[row * dim + d]; });
+  __shared__ __align__(16) uint8_t tile[kValueTileDims][kValueRowBytes];
+  for (int index = threadIdx.x; index < kValueKeys * kValueTileDims; index += kValueThreads) {
+    const int key = index / kValueTileDims;
+    const int64_t at_key = first_key + key;
+    tile[column][kernel_key_position(key)] = at_key < seq && d < dim ? source[(head * seq + at_key) * dim + d] : 0;
+  }
+  __syncthreads();
+  write_value_rows(tile, transposed, head * dim_padded + first_channel, first_key, seq_padded,
+                   [](int row) { return row; });
 }
 
 // Rows of `dim` e4m3 codes to rows of `dim_padded`, zeros after: a thread per output byte (a copy
@@ -269,47 +379,53 @@ int64_t align_up(int64_t value, int64_t alignment) { return (value + alignment -
 
 unsigned grid_of(int64_t blocks) { return static_cast<unsigned>(blocks); }
 
+// Whether a tensor's rows can be read in 16-byte chunks (load_chunk).
+bool chunks_readable(const void* tensor, int64_t dim) {
+  return dim % kChunk == 0 && reinterpret_cast<std::uintptr_t>(tensor) % 16 == 0;
+}
+
 template <typename Element>
 Status quantize_typed(const Problem& problem, const QuantizedLayout& layout, const void* q, const void* k,
                       const void* v, bool rotate, const QuantizedOutputs& out, cudaStream_t stream) {
   const int dim = static_cast<int>(problem.dim);
   const float rotation_scale = hadamard_scale(layout.dim_padded);
-  const auto quantize_rows = [&](auto block_rows, const void* source, int64_t heads, int64_t seq, int64_t blocks,
-                                 uint8_t* codes, float* descales) -> Status {
-    constexpr int kBlockRows = decltype(block_rows)::value;
-    FA_STATUS_TRY(check_grid(heads * blocks));
-    const auto launch = [&](auto bucket) -> Status {
-      constexpr int kDimPad = decltype(bucket)::value;
-      constexpr unsigned kThreads = kBlockRows / kQkRowsPerWarp * kWarpSize;
+  const int64_t kv_heads = problem.kv_heads_total();
+  // 64-key tiles of V: Nk_pad (a multiple of 16) opens no tile that Nk does not.
+  const int64_t key_tiles = (layout.kv_seq_padded + kValueKeys - 1) / kValueKeys;
+  FA_STATUS_TRY(check_grid(problem.q_heads_total() * layout.q_blocks));
+  FA_STATUS_TRY(check_grid(kv_heads * layout.k_blocks));
+  FA_STATUS_TRY(check_grid(kv_heads * key_tiles));
+  const auto launch = [&](auto bucket) -> Status {
+    constexpr int kDimPad = decltype(bucket)::value;
+    const auto quantize_rows = [&](auto block_rows, const void* source, int64_t heads, int64_t seq, int64_t blocks,
+                                   uint8_t* codes, float* descales) -> Status {
+      constexpr int kBlockRows = decltype(block_rows)::value;
+      constexpr unsigned kThreads = QkLayout<kDimPad>::template threads<kBlockRows>();
       quantize_qk_kernel<Element, kDimPad, kBlockRows><<<grid_of(heads * blocks), kThreads, 0, stream>>>(
           static_cast<const Element*>(source), codes, descales, static_cast<int>(seq), dim, static_cast<int>(blocks),
-          rotate, rotation_scale);
+          chunks_readable(source, dim), rotate, rotation_scale);
       FA_LAUNCH_TRY();
       return Status();
     };
-    return dispatch_head_dim<64, 128, 256>(problem.dim, launch);
-  };
-  FA_STATUS_TRY(quantize_rows(std::integral_constant<int, static_cast<int>(kQueryBlock)>{}, q, problem.q_heads_total(),
-                              problem.q_seq, layout.q_blocks, out.q, out.q_descale));
-  FA_STATUS_TRY(quantize_rows(std::integral_constant<int, static_cast<int>(kKeyBlock)>{}, k, problem.kv_heads_total(),
-                              problem.kv_seq, layout.k_blocks, out.k, out.k_descale));
+    FA_STATUS_TRY(quantize_rows(std::integral_constant<int, static_cast<int>(kQueryBlock)>{}, q,
+                                problem.q_heads_total(), problem.q_seq, layout.q_blocks, out.q, out.q_descale));
+    FA_STATUS_TRY(quantize_rows(std::integral_constant<int, static_cast<int>(kKeyBlock)>{}, k, kv_heads, problem.kv_seq,
+                                layout.k_blocks, out.k, out.k_descale));
 
-  const int64_t kv_heads = problem.kv_heads_total();
-  unsigned* amax = static_cast<unsigned*>(out.v_amax);
-  FA_CUDA_TRY(cudaMemsetAsync(amax, 0, kv_heads * layout.dim_padded * sizeof(float), stream));
-  const int64_t chunks = (problem.kv_seq + kAmaxKeys - 1) / kAmaxKeys;
-  FA_STATUS_TRY(check_grid(kv_heads * chunks));
-  value_amax_kernel<Element><<<grid_of(kv_heads * chunks), static_cast<unsigned>(layout.dim_padded), 0, stream>>>(
-      static_cast<const Element*>(v), amax, static_cast<int>(problem.kv_seq), dim, static_cast<int>(chunks));
-  FA_LAUNCH_TRY();
-  const int64_t key_tiles = (layout.kv_seq_padded + kValueTileKeys - 1) / kValueTileKeys;
-  const int64_t value_blocks = kv_heads * (layout.dim_padded / kValueTileDims) * key_tiles;
-  FA_STATUS_TRY(check_grid(value_blocks));
-  quantize_value_kernel<Element><<<grid_of(value_blocks), kValueThreads, 0, stream>>>(
-      static_cast<const Element*>(v), amax, out.v_transposed, out.v_descale, static_cast<int>(problem.kv_seq),
-      static_cast<int>(layout.kv_seq_padded), dim, static_cast<int>(layout.dim_padded), static_cast<int>(key_tiles));
-  FA_LAUNCH_TRY();
-  return Status();
+    unsigned* amax = static_cast<unsigned*>(out.v_amax);
+    FA_CUDA_TRY(cudaMemsetAsync(amax, 0, kv_heads * kDimPad * sizeof(float), stream));
+    const bool vector = chunks_readable(v, dim);
+    const int kv_seq = static_cast<int>(problem.kv_seq);
+    value_amax_kernel<Element, kDimPad><<<grid_of(kv_heads * key_tiles), kValueThreads, 0, stream>>>(
+        static_cast<const Element*>(v), amax, kv_seq, dim, static_cast<int>(key_tiles), vector);
+    FA_LAUNCH_TRY();
+    quantize_value_kernel<Element, kDimPad><<<grid_of(kv_heads * key_tiles), kValueThreads, 0, stream>>>(
+        static_cast<const Element*>(v), amax, out.v_transposed, out.v_descale, kv_seq,
+        static_cast<int>(layout.kv_seq_padded), dim, static_cast<int>(key_tiles), vector);
+    FA_LAUNCH_TRY();
+    return Status();
+  };
+  return dispatch_head_dim<64, 128, 256>(problem.dim, launch);
 }
 
 }  // namespace
@@ -420,7 +536,7 @@ Status arrange_e4m3(const Problem& problem, const E4m3Rows& rows, void* workspac
     out->k = bytes + layout.k_offset;
   }
   if (!rows.v_transposed) {
-    const int64_t key_tiles = (layout.kv_seq_padded + kValueTileKeys - 1) / kValueTileKeys;
+    const int64_t key_tiles = (layout.kv_seq_padded + kValueKeys - 1) / kValueKeys;
     const int64_t value_blocks = problem.kv_heads_total() * (layout.dim_padded / kValueTileDims) * key_tiles;
     FA_STATUS_TRY(check_grid(value_blocks));
     float* descales = reinterpret_cast<float*>(bytes + layout.v_descale_offset);
