@@ -4,9 +4,10 @@
 // 16-byte pieces (8 elements: a "chunk") where the rows allow it (D a multiple of 8, aligned):
 //
 //   quantize_qk_kernel      a block per (head, scale block: 128 rows of Q, 64 of K): two lanes share
-//                           a row (four at D = 256) and hold it in registers, rotated in place when
-//                           asked (the butterflies cross lanes at one of its stages, two at D = 256);
-//                           the block's amax from them, then the codes; nothing is read twice.
+//                           a row at D = 64, four from D = 128, and hold it in registers, rotated in
+//                           place when asked (the butterflies cross lanes at one of its stages at
+//                           D = 64, two from D = 128: a shuffle each); the block's amax from them,
+//                           then the codes; nothing is read twice. K's launch clears V's amax.
 //   value_amax_kernel       V's per-channel amax, a block per (head, 64 keys): each thread the
 //                           maxima of its chunk's 8 channels, merged over the block, then by an
 //                           integer atomicMax (non-negative floats order as their bit patterns do).
@@ -110,7 +111,7 @@ struct QkLayout {
   static constexpr int kRowsPerWarp = kWarpSize / kLanes;
   static constexpr int kStride = kChunk * kLanes;
   static constexpr int kChunks = kDimPad / kStride;
-  static constexpr int kPerLane = kChunks * kChunk;  // 32, 64, 64 floats a thread
+  static constexpr int kPerLane = kChunks * kChunk;  // 32, 32, 64 floats a thread
   template <int kBlockRows>
   static constexpr int threads() {
     return kBlockRows / kRowsPerWarp * kWarpSize;
@@ -160,11 +161,14 @@ __device__ __forceinline__ void hadamard_rotate(float (&x)[QkLayout<kDimPad>::kP
 }
 
 // Q or K: a block per (head, block of kBlockRows rows), blockIdx.x = head · blocks_per_head + block.
+// The launch for K also clears V's amax (`clear`, read by the V pass after it: no launch of its own).
 template <typename Element, int kDimPad, int kBlockRows>
 __global__ void __launch_bounds__(QkLayout<kDimPad>::template threads<kBlockRows>())
     quantize_qk_kernel(const Element* __restrict__ source, uint8_t* __restrict__ codes, float* __restrict__ descales,
-                       int seq, int dim, int blocks_per_head, bool vector, bool rotate, float rotation_scale) {
+                       int seq, int dim, int blocks_per_head, bool vector, bool rotate, float rotation_scale,
+                       unsigned* __restrict__ clear, int clear_words) {
   using Layout = QkLayout<kDimPad>;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < clear_words; i += gridDim.x * blockDim.x) clear[i] = 0;
   constexpr int kWarps = kBlockRows / Layout::kRowsPerWarp;
   const int64_t head = blockIdx.x / blocks_per_head;
   const int block = static_cast<int>(blockIdx.x % blocks_per_head);
@@ -397,23 +401,23 @@ Status quantize_typed(const Problem& problem, const QuantizedLayout& layout, con
   FA_STATUS_TRY(check_grid(kv_heads * key_tiles));
   const auto launch = [&](auto bucket) -> Status {
     constexpr int kDimPad = decltype(bucket)::value;
+    unsigned* amax = static_cast<unsigned*>(out.v_amax);
     const auto quantize_rows = [&](auto block_rows, const void* source, int64_t heads, int64_t seq, int64_t blocks,
-                                   uint8_t* codes, float* descales) -> Status {
+                                   uint8_t* codes, float* descales, unsigned* clear, int64_t clear_words) -> Status {
       constexpr int kBlockRows = decltype(block_rows)::value;
       constexpr unsigned kThreads = QkLayout<kDimPad>::template threads<kBlockRows>();
       quantize_qk_kernel<Element, kDimPad, kBlockRows><<<grid_of(heads * blocks), kThreads, 0, stream>>>(
           static_cast<const Element*>(source), codes, descales, static_cast<int>(seq), dim, static_cast<int>(blocks),
-          chunks_readable(source, dim), rotate, rotation_scale);
+          chunks_readable(source, dim), rotate, rotation_scale, clear, static_cast<int>(clear_words));
       FA_LAUNCH_TRY();
       return Status();
     };
     FA_STATUS_TRY(quantize_rows(std::integral_constant<int, static_cast<int>(kQueryBlock)>{}, q,
-                                problem.q_heads_total(), problem.q_seq, layout.q_blocks, out.q, out.q_descale));
+                                problem.q_heads_total(), problem.q_seq, layout.q_blocks, out.q, out.q_descale, nullptr,
+                                0));
     FA_STATUS_TRY(quantize_rows(std::integral_constant<int, static_cast<int>(kKeyBlock)>{}, k, kv_heads, problem.kv_seq,
-                                layout.k_blocks, out.k, out.k_descale));
+                                layout.k_blocks, out.k, out.k_descale, amax, kv_heads * kDimPad));
 
-    unsigned* amax = static_cast<unsigned*>(out.v_amax);
-    FA_CUDA_TRY(cudaMemsetAsync(amax, 0, kv_heads * kDimPad * sizeof(float), stream));
     const bool vector = chunks_readable(v, dim);
     const int kv_seq = static_cast<int>(problem.kv_seq);
     value_amax_kernel<Element, kDimPad><<<grid_of(kv_heads * key_tiles), kValueThreads, 0, stream>>>(
