@@ -305,8 +305,8 @@ __global__ void __launch_bounds__(kValueThreads, 3)
                           uint8_t* __restrict__ transposed, float* __restrict__ descales, int seq, int seq_padded,
                           int dim, int key_tiles, bool vector) {
   using Chunks = ValueChunks<kDimPad>;
-  // Each channel's scale once (two divisions), by thread d, before anything else is live; the
-  // first key tile writes the descales.
+  // Each channel's scale once (two divisions), by thread d, into shared memory; the first key
+  // tile writes the descales.
   __shared__ float channel_inv[kDimPad];
   if (threadIdx.x < kDimPad) {
     const int64_t channel = blockIdx.x / key_tiles * kDimPad + threadIdx.x;
