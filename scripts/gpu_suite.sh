@@ -111,6 +111,9 @@ phase_sanitize() {
       "--batch 1 --heads 2 --seq 150 --dim 64 --causal")
     is_backward_stage "$stage" && pass=(--pass bwd)
     is_wide_stage "$stage" && shapes+=("--batch 1 --heads 2 --seq 150 --dim 256 --causal" "--batch 2 --heads 1 --seq 70 --dim 200")
+    # Stage 13 splits the key tiles of its last wave (GQA parts that cross query heads; 16 parts).
+    [ "$stage" = 13_wgmma_backward ] && shapes+=("--heads 8 --kv-heads 2 --seq 700 --dim 64"
+      "--heads 4 --kv-heads 1 --seq 1000 --seq-k 600 --dim 128")
     is_persistent_stage "$stage" && shapes+=("--batch 2 --heads 16 --seq 1024 --dim 128 --causal"
       "--batch 2 --heads 16 --seq 1500 --dim 64 --causal --lse" "--batch 3 --heads 16 --seq 1000 --dim 64")
     # A decoding stage: split keys and a merge (D = 128, 100 on the synchronous copies, 256), and

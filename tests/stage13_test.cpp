@@ -29,6 +29,7 @@
 #include "fa/stage.hpp"
 #include "fa/stages.hpp"
 #include "gpu_contract.hpp"
+#include "last_wave.hpp"
 
 FA_GPU_STAGE_CONTRACT("stage13", fa::stages::wgmma_backward_fp16, fa::stages::wgmma_backward_bf16)
 
@@ -129,6 +130,17 @@ TEST_CASE("stage13: describes what it takes") {
     const int64_t wide_own = 4 * (rows * 256 + 2 * rows + rows / 64 * 4);
     CHECK(fa::workspace_bytes(stage, wide, fa::Pass::backward) ==
           std::max(wide_own, fa::workspace_bytes(fa::stages::backward_fp16(), wide, fa::Pass::backward)));
+    // Where the last wave may split key tiles (D <= 128, no mask, 8 steps or more a tile), the split
+    // tiles' FP32 dK and dV too: 128 keys of the bucket's dims each, for as many tiles as there are.
+    const fa::Problem long_rows = fa::Problem::square(2, 3, 1000, 64);
+    const int64_t long_head_rows = 1024;
+    const int64_t long_rows_total = long_rows.q_heads_total() * long_head_rows;
+    const int64_t split_floats = 8 * 6 * 2 * 128 * 64;  // 8 key tiles in each of 6 heads
+    CHECK(fa::workspace_bytes(stage, long_rows, fa::Pass::backward) ==
+          4 * (long_rows_total * 64 + split_floats + 2 * long_rows_total + long_rows_total / 64 * 2));
+    const fa::Problem long_causal = fa::Problem::square(2, 3, 1000, 64, true);
+    CHECK(fa::workspace_bytes(stage, long_causal, fa::Pass::backward) ==
+          4 * (long_rows_total * 64 + 2 * long_rows_total + long_rows_total / 64 * 2));
     // D not a multiple of 8 is stage 11's.
     const fa::Problem odd = fa::Problem::square(2, 3, 100, 100);
     CHECK(fa::workspace_bytes(stage, odd, fa::Pass::backward) ==
@@ -149,6 +161,78 @@ TEST_CASE("stage13: the wgmma backward matches the reference gradients in every 
     for (const int64_t seq : {1, 31, 64, 65, 130, 197, 300}) {
       for (const int64_t dim : {8, 40, 64, 72, 96, 128, 136, 200, 256})
         check_backward(stage, fa::Problem::square(2, 2, seq, dim), seed++);
+    }
+  }
+}
+
+TEST_CASE("stage13: the last wave's key tiles split into parts that end the round sooner (no GPU)") {
+  using fa::stages::wgmma_backward::kBlockOverheadSteps;
+  using fa::stages::wgmma_backward::kMinGainPercent;
+  using fa::stages::wgmma_backward::kMinPartSteps;
+  using fa::stages::wgmma_backward::split_last_wave;
+  // Whole rounds, tiles too short to split, or a last round behind 15 whole ones ((4, 16, 4096, 128)
+  // and (1, 16, 16384, 128) on 132 SMs: 2048 key tiles): nothing split.
+  CHECK(split_last_wave(2 * 132, 64, 132).parts == 1);
+  CHECK(split_last_wave(100, 2, 132).parts == 1);
+  CHECK(split_last_wave(2048, 64, 132).parts == 1);
+  CHECK(split_last_wave(2048, 256, 132).parts == 1);
+  // Multi-query heads, (1, 32/1, 4096, 128): 32 key tiles of 32 · 64 steps for 132 SMs, 4 parts each.
+  const auto multi_query = split_last_wave(32, 32 * 64, 132);
+  CHECK(multi_query.whole_tiles == 0);
+  CHECK(multi_query.split_tiles == 32);
+  CHECK(multi_query.parts == 4);
+  CHECK(multi_query.blocks() == 128);
+  // For every count of tiles and steps: the split tiles are the rest of the last round, each part
+  // has at least kMinPartSteps steps, and the launch (counted as the rule counts) is shorter by at
+  // least kMinGainPercent.
+  int splits = 0;
+  for (const int sms : {114, 132}) {
+    for (int64_t tiles = 1; tiles <= 3 * sms; tiles += 7) {
+      for (const int steps : {1, 5, 16, 33, 64, 256, 2048}) {
+        const auto wave = split_last_wave(tiles, steps, sms);
+        INFO("tiles " << tiles << ", steps " << steps << ", SMs " << sms);
+        if (wave.parts == 1) {
+          CHECK(wave.whole_tiles == tiles);
+          CHECK(wave.blocks() == tiles);
+          continue;
+        }
+        CHECK(wave.split_tiles == tiles % sms);
+        CHECK(wave.whole_tiles + wave.split_tiles == tiles);
+        CHECK(steps / wave.parts >= kMinPartSteps);
+        const int64_t rounds = (wave.split_tiles * wave.parts + sms - 1) / sms;
+        const int64_t whole_rounds = tiles / sms;
+        const int64_t before = (whole_rounds + 1) * (steps + kBlockOverheadSteps);
+        const int64_t after = whole_rounds * (steps + kBlockOverheadSteps) +
+                              rounds * ((steps + wave.parts - 1) / wave.parts + kBlockOverheadSteps);
+        CHECK(after * (100 + kMinGainPercent) <= before * 100);
+        ++splits;
+      }
+    }
+  }
+  CHECK(splits > 0);
+}
+
+TEST_CASE("stage13: key tiles split in the last wave add up their dK and dV") {
+  // Shapes whose last wave this GPU splits (the test says so first): parts of a query head's
+  // tiles, parts that cross from one query head of a group to the next, partial tiles, Nq != Nk.
+  int device = 0;
+  int sms = 0;
+  for (const auto factory : kStages) {
+    const fa::StageDescriptor stage = factory();
+    fa::test::require_stage_runnable(stage);
+    REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+    REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
+    uint64_t seed = 1900;
+    for (const fa::Problem& problem :
+         {fa::Problem{2, 4, 4, 1024, 1024, 128, false}, fa::Problem{1, 8, 2, 700, 700, 64, false},
+          fa::Problem{1, 2, 2, 700, 700, 96, false}, fa::Problem{1, 4, 1, 1000, 600, 128, false}}) {
+      const int queries = problem.dim <= 64 ? 128 : 64;
+      const int64_t tiles = (problem.kv_seq + 127) / 128 * problem.kv_heads_total();
+      const int steps = static_cast<int>(problem.group_size() * ((problem.q_seq + queries - 1) / queries));
+      INFO("(" << problem.batch << ", " << problem.q_heads << "/" << problem.kv_heads << ", " << problem.q_seq << ", "
+               << problem.kv_seq << ", " << problem.dim << ") on " << sms << " SMs");
+      REQUIRE(fa::stages::wgmma_backward::split_last_wave(tiles, steps, sms).parts > 1);
+      check_backward(stage, problem, seed++);
     }
   }
 }

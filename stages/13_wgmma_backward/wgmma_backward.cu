@@ -44,6 +44,7 @@
 #include <type_traits>
 
 #include "fa/cuda_check.hpp"
+#include "fa/device.hpp"
 #include "fa/kernel/convert.cuh"
 #include "fa/kernel/dependent_launch.cuh"
 #include "fa/kernel/exp2.cuh"
@@ -57,6 +58,7 @@
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
+#include "last_wave.hpp"
 
 // wgmma and setmaxnreg exist only in sm_90a (stage 09); CMake builds this file for it alone.
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -90,6 +92,9 @@ using kernel::kWarpSize;
 using kernel::launch_dependents;
 using kernel::pack_pair;
 using kernel::wait_for_prerequisite;
+using wgmma_backward::kMaxSplitTiles;
+using wgmma_backward::LastWave;
+using wgmma_backward::split_last_wave;
 
 constexpr int kKeys = 128;     // Bc: the keys of a block, two consumer warpgroups of 64 (D <= 128)
 constexpr int kConsumers = 2;  // consumer warpgroups
@@ -408,6 +413,24 @@ __device__ __forceinline__ KeyTileWork key_tile_work(unsigned work_index, const 
   return tile;
 }
 
+// Which key tile a block at D <= 128 owns and which of its steps it walks: all of them, or, for a
+// key tile of the last wave (from `whole_tiles` on in the launch order), part `part` of `parts`
+// (the host's split_last_wave): blocks whole_tiles + parts·i .. + parts − 1 split key tile
+// whole_tiles + i.
+struct BlockPart {
+  unsigned work_index;  // the key tile's place in the launch order (key_tile_work)
+  int split_tile;       // i, or −1 for a block that owns its key tile whole
+  int part;
+  int parts;
+  __device__ int first_step(int steps) const { return part * steps / parts; }
+  __device__ int end_step(int steps) const { return (part + 1) * steps / parts; }
+};
+__device__ __forceinline__ BlockPart block_part(unsigned block, const int& whole_tiles, const int& parts) {
+  const int split = static_cast<int>(block) - whole_tiles;
+  if (split < 0) return {block, -1, 0, 1};
+  return {static_cast<unsigned>(whole_tiles + split / parts), split / parts, split % parts, parts};
+}
+
 // The ring's barriers, by thread 0 (the caller then syncs the block): K and V have landed; per slot,
 // its Q, dO, LSE and D have landed, and every consumer thread is done with them.
 template <int kStages>
@@ -472,6 +495,27 @@ __device__ __forceinline__ void add_query_grad_part(float4* lane_part, const flo
   }
 }
 
+// A split key tile's FP32 sums of dK (unscaled) and dV: per split tile, dK then dV, each the two
+// consumers' 64 keys in the accumulator order (float4 n · 128 + t is thread t's accumulators
+// 4n .. 4n + 3: keys group and group + 8 of warp t / 32, columns 8n + 2·quad and the next).
+template <int kDim>
+constexpr int kConsumerFloat4s = kMmaRows* kDim / 4;
+template <int kDim>
+__device__ __forceinline__ void add_split_key_grads(float4* split_grads, const float (&key_grad)[kDim / 2],
+                                                    const float (&value_grad)[kDim / 2], int split_tile, int consumer,
+                                                    int thread) {
+  float4* keys =
+      split_grads + (static_cast<int64_t>(split_tile) * 2 * kConsumers + consumer) * kConsumerFloat4s<kDim> + thread;
+  float4* values = keys + kConsumers * kConsumerFloat4s<kDim>;
+#pragma unroll
+  for (int n = 0; n < kDim / 8; ++n) {
+    atomicAdd(keys + n * kWarpgroupThreads,
+              make_float4(key_grad[4 * n], key_grad[4 * n + 1], key_grad[4 * n + 2], key_grad[4 * n + 3]));
+    atomicAdd(values + n * kWarpgroupThreads,
+              make_float4(value_grad[4 * n], value_grad[4 * n + 1], value_grad[4 * n + 2], value_grad[4 * n + 3]));
+  }
+}
+
 // The next step: the next query tile of the head, or the first one of the group's next query head.
 __device__ __forceinline__ void next_step(int& query_base, int& head, int first_query_base, int last_query_base,
                                           int queries) {
@@ -484,15 +528,16 @@ __device__ __forceinline__ void next_step(int& query_base, int& head, int first_
 }
 
 // The producer, thread 0 of warpgroup 0: K and V of the block's keys once, then Q, dO, the LSE and D
-// of every step into the ring. Step s is query tile s % query_tiles of the group's query head
-// s / query_tiles (key_tile_work).
+// of its steps first_step .. end_step − 1 into the ring. Step s is query tile s % query_tiles of the
+// group's query head s / query_tiles (key_tile_work).
 template <typename T>
 __device__ __forceinline__ void produce_steps(const CUtensorMap* query_map, const CUtensorMap* grad_out_map,
                                               const CUtensorMap* key_map, const CUtensorMap* value_map,
                                               unsigned char* key_tile, unsigned char* value_tile, unsigned char* ring,
                                               float* row_data, uint64_t* kv_full, uint64_t* slot_full,
                                               uint64_t* slot_free, const float* lse_log2, const float* row_delta,
-                                              const KeyTileWork& tile, int workspace_head_rows) {
+                                              const KeyTileWork& tile, int first_step, int end_step,
+                                              int workspace_head_rows) {
   using namespace kernel;
   prefetch_tensor_map(query_map);
   prefetch_tensor_map(grad_out_map);
@@ -507,10 +552,11 @@ __device__ __forceinline__ void produce_steps(const CUtensorMap* query_map, cons
   }
   // K and V are inputs; the LSE and D are the preprocessing's, which may still be running.
   wait_for_prerequisite();
-  for (int step = 0; step < tile.steps; ++step) {
-    const int slot = step % T::kStages;
+  for (int step = first_step; step < end_step; ++step) {
+    const int filled = step - first_step;  // the slots this block filled before this one
+    const int slot = filled % T::kStages;
     // Pass n of the ring reuses the slot once the consumers have freed it from pass n − 1.
-    if (step >= T::kStages) barrier_wait(&slot_free[slot], (step / T::kStages - 1) & 1);
+    if (filled >= T::kStages) barrier_wait(&slot_free[slot], (filled / T::kStages - 1) & 1);
     const int head = tile.first_query_head + step / tile.query_tiles;
     const int row = (tile.first_query_tile + step % tile.query_tiles) * T::kQueries;
     unsigned char* query_slot = ring + slot * 2 * T::kQueryTileBytes;
@@ -535,15 +581,17 @@ __device__ __forceinline__ void produce_steps(const CUtensorMap* query_map, cons
 // warpgroups of 64 keys each. Q and dO are described as (B·Hq) x Nq x D, K and V as (B·Hkv) x Nk x
 // D; lse_log2 and row_delta are (B·Hq) x workspace_head_rows, as is grad_q_sum (x kDim floats).
 // kDeterministic: each part of a dQ tile takes the key tiles' additions in key order (turns).
+// The key tiles from `whole_tiles` on are split in `parts` blocks each (block_part), which add their
+// dK and dV to `split_grads` (add_split_key_grads).
 template <typename Element, int kDim, bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap query_map, const __grid_constant__ CUtensorMap grad_out_map,
                     const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap value_map,
                     const float* __restrict__ lse_log2, const float* __restrict__ row_delta,
-                    float* __restrict__ grad_q_sum, int* __restrict__ turns, Element* __restrict__ grad_k,
-                    Element* __restrict__ grad_v, int q_seq, int kv_seq, int dim, int workspace_head_rows,
-                    int key_tiles, int q_heads, int kv_heads, int kv_heads_total, bool causal, float scale,
-                    float scale_log2) {
+                    float* __restrict__ grad_q_sum, int* __restrict__ turns, float4* __restrict__ split_grads,
+                    Element* __restrict__ grad_k, Element* __restrict__ grad_v, int q_seq, int kv_seq, int dim,
+                    int workspace_head_rows, int key_tiles, int q_heads, int kv_heads, int kv_heads_total,
+                    int whole_tiles, int parts, bool causal, float scale, float scale_log2) {
 #if FA_STAGE13_DEVICE_CODE
   using T = Tiling<kDim>;
   using namespace kernel;
@@ -565,9 +613,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* slot_full = barriers + 1;               // [kStages]: Q, dO, LSE, D of a step have landed
   uint64_t* slot_free = barriers + 1 + T::kStages;  // [kStages]: every consumer thread is done with them
 
-  // Which keys, and the steps over the query tiles that see them.
-  const KeyTileWork tile = key_tile_work<T::kWorkKeys, T::kQueries>(blockIdx.x, key_tiles, kv_heads_total, q_heads,
-                                                                    kv_heads, q_seq, kv_seq, causal);
+  // Which keys, the steps over the query tiles that see them, and which of those steps are this
+  // block's.
+  const BlockPart block = block_part(blockIdx.x, whole_tiles, parts);
+  const KeyTileWork tile = key_tile_work<T::kWorkKeys, T::kQueries>(block.work_index, key_tiles, kv_heads_total,
+                                                                    q_heads, kv_heads, q_seq, kv_seq, causal);
+  const int first_step = block.first_step(tile.steps);
+  const int end_step = block.end_step(tile.steps);
 
   if (threadIdx.x == 0) init_ring_barriers<T::kStages>(kv_full, slot_full, slot_free);
   __syncthreads();
@@ -581,7 +633,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     release_registers<kProducerRegisters>();
     if (threadIdx.x == 0) {
       produce_steps<T>(&query_map, &grad_out_map, &key_map, &value_map, key_tile, value_tile, ring, row_data, kv_full,
-                       slot_full, slot_free, lse_log2, row_delta, tile, workspace_head_rows);
+                       slot_full, slot_free, lse_log2, row_delta, tile, first_step, end_step, workspace_head_rows);
     }
   } else {
     // ---- The consumers: 64 keys each -----------------------------------------------------------
@@ -629,11 +681,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // The step's query head and first query row, stepped along (the producer's division would cost
     // a reciprocal and some twenty instructions a step).
-    int head = tile.first_query_head;
-    int query_base = tile.first_query_tile * T::kQueries;
+    int head = tile.first_query_head + first_step / tile.query_tiles;
+    int query_base = (tile.first_query_tile + first_step % tile.query_tiles) * T::kQueries;
     const int last_query_base = (tile.first_query_tile + tile.query_tiles - 1) * T::kQueries;
+    const int steps = end_step - first_step;
 #pragma unroll 1
-    for (int step = 0; step < tile.steps; ++step) {
+    for (int step = 0; step < steps; ++step) {
       const int slot = step % T::kStages;
       unsigned char* query_slot = slot_tile(step);
       unsigned char* grad_out_slot = query_slot + T::kQueryTileBytes;
@@ -768,13 +821,50 @@ __global__ void __launch_bounds__(kThreads, 1)
     // loop ran).
     wgmma_wait<0>();
 
-    // dK = scale · Σ dSᵀ Q and dV, once: rows key_base + warp_key + group (+ 8).
-    write_key_grads<Element, kDim>(key_grad, value_grad, grad_k, grad_v, tile.kv_head, tile.key_base + warp_key + group,
-                                   0, quad, kv_seq, dim, scale);
+    // dK = scale · Σ dSᵀ Q and dV, once: rows key_base + warp_key + group (+ 8); a part of a split
+    // key tile adds its sums to the tile's, which the last kernel writes.
+    if (block.split_tile < 0) {
+      write_key_grads<Element, kDim>(key_grad, value_grad, grad_k, grad_v, tile.kv_head,
+                                     tile.key_base + warp_key + group, 0, quad, kv_seq, dim, scale);
+    } else {
+      add_split_key_grads<kDim>(split_grads, key_grad, value_grad, block.split_tile, consumer, thread);
+    }
   }
 #else
   __trap();  // never launched: the runner refuses every GPU but sm_90 (the descriptor's architecture)
 #endif
+}
+
+// The split key tiles' dK = scale · (the sum of their parts) and dV, rounded to the element type:
+// one float4 of the sums (two pairs, keys k and k + 8) a thread (add_split_key_grads's order).
+template <typename Element, int kDim>
+__global__ void write_split_key_grads_kernel(const float4* __restrict__ sums, Element* __restrict__ grad_k,
+                                             Element* __restrict__ grad_v, int64_t float4s, int whole_tiles,
+                                             int key_tiles, int q_heads, int kv_heads, int kv_heads_total, int q_seq,
+                                             int kv_seq, int dim, float scale) {
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= float4s) return;
+  constexpr int kTileFloat4s = 2 * kConsumers * kConsumerFloat4s<kDim>;
+  const int split_tile = static_cast<int>(index / kTileFloat4s);
+  const int in_tile = static_cast<int>(index % kTileFloat4s);
+  const bool keys = in_tile < kConsumers * kConsumerFloat4s<kDim>;  // dK, then dV
+  const int consumer = in_tile / kConsumerFloat4s<kDim> % kConsumers;
+  const int n = in_tile % kConsumerFloat4s<kDim> / kWarpgroupThreads;
+  const int thread = in_tile % kWarpgroupThreads;
+  const bool causal = false;  // causal key tiles are never split
+  const KeyTileWork tile =
+      key_tile_work<kKeys, step_queries(kDim)>(static_cast<unsigned>(whole_tiles + split_tile), key_tiles,
+                                               kv_heads_total, q_heads, kv_heads, q_seq, kv_seq, causal);
+  const int key = tile.key_base + consumer * kMmaRows + thread / kWarpSize * 16 + thread % kWarpSize / 4;
+  const int column = n * kMmaColumns + thread % 4 * 2;
+  if (column >= dim) return;
+  const float4 sum = sums[index];
+  const float factor = keys ? scale : 1.0f;
+  Element* first = (keys ? grad_k : grad_v) + (static_cast<int64_t>(tile.kv_head) * kv_seq + key) * dim + column;
+  if (key < kv_seq) *reinterpret_cast<unsigned*>(first) = pack_pair<Element>(sum.x * factor, sum.y * factor);
+  if (key + 8 < kv_seq) {
+    *reinterpret_cast<unsigned*>(first + 8 * dim) = pack_pair<Element>(sum.z * factor, sum.w * factor);
+  }
 }
 
 // A cluster of two blocks (D = 256): blocks 2i and 2i + 1 of the grid, rank 0 and 1. The copy
@@ -1167,20 +1257,32 @@ int bucket_of(int64_t dim) { return dim <= 64 ? 64 : dim <= 128 ? 128 : 256; }
 // This stage's own kernels take D a multiple of 8; stage 11 takes the rest.
 bool own_kernels_take(const Problem& problem) { return problem.dim <= kMaxDim && problem.dim % kAlignElements == 0; }
 
-// The workspace: dQ's FP32 sum, the LSE in log2 units, D, and the turn counters of the
-// deterministic mode (one per 64 x 64 part of dQ's sum: per consumer of each query tile at D <= 128,
-// per dims panel at D = 256).
+// How many key tiles of a problem may be split in the last wave (split_last_wave): none under the
+// mask (the causal launch order already ends on its lightest tiles), at D = 256, or where a tile has
+// too few steps to split; else up to kMaxSplitTiles.
+int64_t most_split_tiles(const Problem& problem) {
+  const int64_t steps = problem.group_size() * ((problem.q_seq + step_queries(static_cast<int>(problem.dim)) - 1) /
+                                                step_queries(static_cast<int>(problem.dim)));
+  if (problem.causal || bucket_of(problem.dim) > 128 || steps / 2 < wgmma_backward::kMinPartSteps) return 0;
+  return std::min<int64_t>(kMaxSplitTiles, (problem.kv_seq + kKeys - 1) / kKeys * problem.kv_heads_total());
+}
+
+// The workspace: dQ's FP32 sum, the split key tiles' FP32 dK and dV, the LSE in log2 units, D, and
+// the turn counters of the deterministic mode (one per 64 x 64 part of dQ's sum: per consumer of
+// each query tile at D <= 128, per dims panel at D = 256).
 struct Workspace {
   int64_t grad_q_floats;
+  int64_t split_floats;
   int64_t row_floats;
   int64_t turn_count;
-  int64_t bytes() const { return (grad_q_floats + 2 * row_floats + turn_count) * 4; }
+  int64_t bytes() const { return (grad_q_floats + split_floats + 2 * row_floats + turn_count) * 4; }
 };
 
 Workspace workspace_layout(const Problem& problem) {
   const int64_t rows = problem.q_heads_total() * workspace_head_rows(problem);
   const int bucket = bucket_of(problem.dim);
-  return {rows * bucket, rows, rows / kMmaRows * (bucket > 128 ? WideTiling::kPanels : kConsumers)};
+  return {rows * bucket, most_split_tiles(problem) * 2 * kKeys * bucket, rows,
+          rows / kMmaRows * (bucket > 128 ? WideTiling::kPanels : kConsumers)};
 }
 
 template <typename Element>
@@ -1227,7 +1329,8 @@ Status launch(const BackwardArgs& args) {
   constexpr bool kBf16 = std::is_same_v<Element, __nv_bfloat16>;
   const Workspace layout = workspace_layout(problem);
   float* grad_q_sum = static_cast<float*>(args.workspace);
-  float* lse_log2 = grad_q_sum + layout.grad_q_floats;
+  float* split_sums = grad_q_sum + layout.grad_q_floats;
+  float* lse_log2 = split_sums + layout.split_floats;
   float* row_delta = lse_log2 + layout.row_floats;
   int* turns = reinterpret_cast<int*>(row_delta + layout.row_floats);
   const int head_rows = static_cast<int>(workspace_head_rows(problem));
@@ -1245,10 +1348,32 @@ Status launch(const BackwardArgs& args) {
   FA_STATUS_TRY(kernel::encode_matrix_stack(value_map, kBf16, args.v, problem.dim, problem.kv_seq,
                                             problem.kv_heads_total(), kPanelColumns, T::kBlockKeys));
 
-  // 1. D_i = rowsum(dO ∘ O) and the LSE in log2 units; dQ's sum cleared (and the turns, first, so
-  // that the preprocessing is the kernel just before the backward's: it may launch early).
+  // A block per (key tile, K/V head); at D = 256 a cluster per (pair of key tiles, K/V head). At
+  // D <= 128 without the mask the last wave's key tiles are split (not in the deterministic mode,
+  // whose turns go by whole key tiles).
+  const int64_t key_tiles = (problem.kv_seq + T::kWorkKeys - 1) / T::kWorkKeys;
+  const int64_t tiles = key_tiles * problem.kv_heads_total();
+  LastWave wave{tiles, 0, 1};
+  if (!kDeterministic && layout.split_floats > 0) {
+    int device = 0;
+    int sms = 0;
+    FA_CUDA_TRY(cudaGetDevice(&device));
+    FA_STATUS_TRY(multiprocessor_count(device, &sms));
+    const int steps = static_cast<int>(problem.group_size() * ((problem.q_seq + T::kQueries - 1) / T::kQueries));
+    wave = split_last_wave(tiles, steps, sms);
+  }
+  const int64_t blocks = wave.blocks() * T::kClusterBlocks;
+  FA_STATUS_TRY(check_grid(blocks));
+
+  // 1. D_i = rowsum(dO ∘ O) and the LSE in log2 units; dQ's sum cleared (and the turns or the split
+  // tiles' sums, first, so that the preprocessing is the kernel just before the backward's: it may
+  // launch early).
   if constexpr (kDeterministic) {
     FA_CUDA_TRY(cudaMemsetAsync(turns, 0, static_cast<std::size_t>(layout.turn_count) * 4, args.stream));
+  }
+  const int64_t split_float4s = wave.split_tiles * 2 * kKeys * kDim / 4;
+  if (split_float4s > 0) {
+    FA_CUDA_TRY(cudaMemsetAsync(split_sums, 0, static_cast<std::size_t>(split_float4s) * 16, args.stream));
   }
   constexpr int kPrepareWarps = 8;
   constexpr int kRowsPerWarp = kWarpSize / (kDim / 8);
@@ -1260,28 +1385,30 @@ Status launch(const BackwardArgs& args) {
       grad_q_sum, workspace_rows, static_cast<int>(problem.q_seq), head_rows, static_cast<int>(problem.dim));
   FA_LAUNCH_TRY();
 
-  // 2. One block per (key tile, K/V head): dK, dV, and dQ's shares.
-  const auto kernel = [] {
-    if constexpr (kWide) {
-      return &wide_backward_kernel<Element, kDim, kDeterministic>;
-    } else {
-      return &backward_kernel<Element, kDim, kDeterministic>;
-    }
-  }();
-  FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
-  // A block per (key tile, K/V head); at D = 256 a cluster per (pair of key tiles, K/V head).
-  const int64_t key_tiles = (problem.kv_seq + T::kWorkKeys - 1) / T::kWorkKeys;
-  const int64_t blocks = key_tiles * T::kClusterBlocks * problem.kv_heads_total();
-  FA_STATUS_TRY(check_grid(blocks));
+  // 2. dK, dV, and dQ's shares.
   const float scale = softmax_scale(problem);
   const EarlyLaunch backward_launch(static_cast<unsigned>(blocks), kThreads, T::kSharedBytes, args.stream,
                                     T::kClusterBlocks);
-  FA_CUDA_TRY(cudaLaunchKernelEx(
-      &backward_launch.config, kernel, query_map, grad_out_map, key_map, value_map, lse_log2, row_delta, grad_q_sum,
-      turns, static_cast<Element*>(args.grad_k), static_cast<Element*>(args.grad_v), static_cast<int>(problem.q_seq),
-      static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim), head_rows, static_cast<int>(key_tiles),
-      static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads), static_cast<int>(problem.kv_heads_total()),
-      problem.causal, scale, scale * kernel::kLog2e));
+  if constexpr (kWide) {
+    const auto kernel = &wide_backward_kernel<Element, kDim, kDeterministic>;
+    FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
+    FA_CUDA_TRY(cudaLaunchKernelEx(
+        &backward_launch.config, kernel, query_map, grad_out_map, key_map, value_map, lse_log2, row_delta, grad_q_sum,
+        turns, static_cast<Element*>(args.grad_k), static_cast<Element*>(args.grad_v), static_cast<int>(problem.q_seq),
+        static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim), head_rows, static_cast<int>(key_tiles),
+        static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads),
+        static_cast<int>(problem.kv_heads_total()), problem.causal, scale, scale * kernel::kLog2e));
+  } else {
+    const auto kernel = &backward_kernel<Element, kDim, kDeterministic>;
+    FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
+    FA_CUDA_TRY(cudaLaunchKernelEx(
+        &backward_launch.config, kernel, query_map, grad_out_map, key_map, value_map, lse_log2, row_delta, grad_q_sum,
+        turns, reinterpret_cast<float4*>(split_sums), static_cast<Element*>(args.grad_k),
+        static_cast<Element*>(args.grad_v), static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq),
+        static_cast<int>(problem.dim), head_rows, static_cast<int>(key_tiles), static_cast<int>(problem.q_heads),
+        static_cast<int>(problem.kv_heads), static_cast<int>(problem.kv_heads_total()),
+        static_cast<int>(wave.whole_tiles), wave.parts, problem.causal, scale, scale * kernel::kLog2e));
+  }
 
   // 3. dQ = scale · the sum, rounded to the element type.
   constexpr int kConvertThreads = 256;
@@ -1293,6 +1420,18 @@ Status launch(const BackwardArgs& args) {
                                  reinterpret_cast<const float4*>(grad_q_sum), static_cast<Element*>(args.grad_q),
                                  float4s, static_cast<int>(problem.q_seq), head_rows, static_cast<int>(problem.dim),
                                  scale));
+  // 4. dK and dV of the split key tiles.
+  if (split_float4s > 0) {
+    write_split_key_grads_kernel<Element, kDim>
+        <<<static_cast<unsigned>((split_float4s + kConvertThreads - 1) / kConvertThreads), kConvertThreads, 0,
+           args.stream>>>(reinterpret_cast<const float4*>(split_sums), static_cast<Element*>(args.grad_k),
+                          static_cast<Element*>(args.grad_v), split_float4s, static_cast<int>(wave.whole_tiles),
+                          static_cast<int>(key_tiles), static_cast<int>(problem.q_heads),
+                          static_cast<int>(problem.kv_heads), static_cast<int>(problem.kv_heads_total()),
+                          static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq),
+                          static_cast<int>(problem.dim), scale);
+    FA_LAUNCH_TRY();
+  }
   return Status();
 }
 
