@@ -111,9 +111,10 @@ phase_sanitize() {
       "--batch 1 --heads 2 --seq 150 --dim 64 --causal")
     is_backward_stage "$stage" && pass=(--pass bwd)
     is_wide_stage "$stage" && shapes+=("--batch 1 --heads 2 --seq 150 --dim 256 --causal" "--batch 2 --heads 1 --seq 70 --dim 200")
-    # Stage 13 splits the key tiles of its last wave (GQA parts that cross query heads; 16 parts).
-    [ "$stage" = 13_wgmma_backward ] && shapes+=("--heads 8 --kv-heads 2 --seq 700 --dim 64"
-      "--heads 4 --kv-heads 1 --seq 1000 --seq-k 600 --dim 128")
+    # Stage 13 splits the key tiles of its last wave: 16 parts a tile; under the causal mask, parts
+    # that cross query heads and parts of light tiles with no step.
+    [ "$stage" = 13_wgmma_backward ] && shapes+=("--heads 4 --kv-heads 1 --seq 1000 --seq-k 600 --dim 128"
+      "--heads 8 --kv-heads 1 --seq 1000 --seq-k 1300 --dim 64 --causal")
     is_persistent_stage "$stage" && shapes+=("--batch 2 --heads 16 --seq 1024 --dim 128 --causal"
       "--batch 2 --heads 16 --seq 1500 --dim 64 --causal --lse" "--batch 3 --heads 16 --seq 1000 --dim 64")
     # A decoding stage: split keys and a merge (D = 128, 100 on the synchronous copies, 256), and
@@ -331,10 +332,12 @@ phase_torch() {
       status=1
   fi
   # The backward pass alone (pass = bwd) at issue 20's shapes, its lower bound N = 2048 and D = 256,
-  # FP16 and BF16, with and without the mask, beside PyTorch's fused backward passes.
+  # and grouped-query and multi-query heads (Hkv = 8, 1 at Hq = 32), FP16 and BF16, with and without
+  # the mask, beside PyTorch's fused backward passes.
   if [ -n "$backward" ]; then
     python3 "$repo/scripts/compare_torch.py" --lib "$build/lib/libfa_capi.so" --pass bwd --causal both \
       --shapes 4x16x2048x64,4x16x2048x128,4x16x4096x64,4x16x4096x128,1x16x16384x128,4x16x4096x256 \
+      1x32x8x4096x4096x128,1x32x1x4096x4096x128 \
       --stages "$backward" \
       --dtype fp16,bf16 --peers torch_flash,torch_cudnn,torch_efficient --out "$out/data/torch.csv" \
       >>"$out/logs/torch.log" 2>&1 || status=1

@@ -130,8 +130,9 @@ TEST_CASE("stage13: describes what it takes") {
     const int64_t wide_own = 4 * (rows * 256 + 2 * rows + rows / 64 * 4);
     CHECK(fa::workspace_bytes(stage, wide, fa::Pass::backward) ==
           std::max(wide_own, fa::workspace_bytes(fa::stages::backward_fp16(), wide, fa::Pass::backward)));
-    // Where the last wave may split key tiles (D <= 128, no mask, 8 steps or more a tile), the split
-    // tiles' FP32 dK and dV too: 128 keys of the bucket's dims each, for as many tiles as there are.
+    // Where the last wave may split key tiles (D <= 128, 8 steps or more a tile; under the mask
+    // fewer than 144 tiles), the split tiles' FP32 dK and dV too: 128 keys of the bucket's dims
+    // each, for as many tiles as there are.
     const fa::Problem long_rows = fa::Problem::square(2, 3, 1000, 64);
     const int64_t long_head_rows = 1024;
     const int64_t long_rows_total = long_rows.q_heads_total() * long_head_rows;
@@ -140,7 +141,11 @@ TEST_CASE("stage13: describes what it takes") {
           4 * (long_rows_total * 64 + split_floats + 2 * long_rows_total + long_rows_total / 64 * 2));
     const fa::Problem long_causal = fa::Problem::square(2, 3, 1000, 64, true);
     CHECK(fa::workspace_bytes(stage, long_causal, fa::Pass::backward) ==
-          4 * (long_rows_total * 64 + 2 * long_rows_total + long_rows_total / 64 * 2));
+          fa::workspace_bytes(stage, long_rows, fa::Pass::backward));
+    const fa::Problem many_causal = fa::Problem::square(2, 8, 1200, 64, true);  // 160 key tiles
+    const int64_t many_rows_total = many_causal.q_heads_total() * 1280;
+    CHECK(fa::workspace_bytes(stage, many_causal, fa::Pass::backward) ==
+          4 * (many_rows_total * 64 + 2 * many_rows_total + many_rows_total / 64 * 2));
     // D not a multiple of 8 is stage 11's.
     const fa::Problem odd = fa::Problem::square(2, 3, 100, 100);
     CHECK(fa::workspace_bytes(stage, odd, fa::Pass::backward) ==
@@ -214,7 +219,8 @@ TEST_CASE("stage13: the last wave's key tiles split into parts that end the roun
 
 TEST_CASE("stage13: key tiles split in the last wave add up their dK and dV") {
   // Shapes whose last wave this GPU splits (the test says so first): parts of a query head's
-  // tiles, parts that cross from one query head of a group to the next, partial tiles, Nq != Nk.
+  // tiles, parts that cross from one query head of a group to the next, partial tiles, Nq != Nk;
+  // under the causal mask, fewer tiles than SMs, light tiles split into parts of few steps or none.
   int device = 0;
   int sms = 0;
   for (const auto factory : kStages) {
@@ -225,7 +231,8 @@ TEST_CASE("stage13: key tiles split in the last wave add up their dK and dV") {
     uint64_t seed = 1900;
     for (const fa::Problem& problem :
          {fa::Problem{2, 4, 4, 1024, 1024, 128, false}, fa::Problem{1, 8, 2, 700, 700, 64, false},
-          fa::Problem{1, 2, 2, 700, 700, 96, false}, fa::Problem{1, 4, 1, 1000, 600, 128, false}}) {
+          fa::Problem{1, 2, 2, 700, 700, 96, false}, fa::Problem{1, 4, 1, 1000, 600, 128, false},
+          fa::Problem{2, 4, 4, 1024, 1024, 128, true}, fa::Problem{1, 8, 1, 1000, 1300, 64, true}}) {
       const int queries = problem.dim <= 64 ? 128 : 64;
       const int64_t tiles = (problem.kv_seq + 127) / 128 * problem.kv_heads_total();
       const int steps = static_cast<int>(problem.group_size() * ((problem.q_seq + queries - 1) / queries));

@@ -498,15 +498,14 @@ __device__ __forceinline__ void add_query_grad_part(float4* lane_part, const flo
 // A split key tile's FP32 sums of dK (unscaled) and dV: per split tile, dK then dV, each the two
 // consumers' 64 keys in the accumulator order (float4 n · 128 + t is thread t's accumulators
 // 4n .. 4n + 3: keys group and group + 8 of warp t / 32, columns 8n + 2·quad and the next).
-template <int kDim>
-constexpr int kConsumerFloat4s = kMmaRows* kDim / 4;
+constexpr int consumer_float4s(int dim) { return kMmaRows * dim / 4; }
 template <int kDim>
 __device__ __forceinline__ void add_split_key_grads(float4* split_grads, const float (&key_grad)[kDim / 2],
                                                     const float (&value_grad)[kDim / 2], int split_tile, int consumer,
                                                     int thread) {
   float4* keys =
-      split_grads + (static_cast<int64_t>(split_tile) * 2 * kConsumers + consumer) * kConsumerFloat4s<kDim> + thread;
-  float4* values = keys + kConsumers * kConsumerFloat4s<kDim>;
+      split_grads + (static_cast<int64_t>(split_tile) * 2 * kConsumers + consumer) * consumer_float4s(kDim) + thread;
+  float4* values = keys + kConsumers * consumer_float4s(kDim);
 #pragma unroll
   for (int n = 0; n < kDim / 8; ++n) {
     atomicAdd(keys + n * kWarpgroupThreads,
@@ -841,17 +840,16 @@ template <typename Element, int kDim>
 __global__ void write_split_key_grads_kernel(const float4* __restrict__ sums, Element* __restrict__ grad_k,
                                              Element* __restrict__ grad_v, int64_t float4s, int whole_tiles,
                                              int key_tiles, int q_heads, int kv_heads, int kv_heads_total, int q_seq,
-                                             int kv_seq, int dim, float scale) {
+                                             int kv_seq, int dim, bool causal, float scale) {
   const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= float4s) return;
-  constexpr int kTileFloat4s = 2 * kConsumers * kConsumerFloat4s<kDim>;
+  constexpr int kTileFloat4s = 2 * kConsumers * consumer_float4s(kDim);
   const int split_tile = static_cast<int>(index / kTileFloat4s);
   const int in_tile = static_cast<int>(index % kTileFloat4s);
-  const bool keys = in_tile < kConsumers * kConsumerFloat4s<kDim>;  // dK, then dV
-  const int consumer = in_tile / kConsumerFloat4s<kDim> % kConsumers;
-  const int n = in_tile % kConsumerFloat4s<kDim> / kWarpgroupThreads;
+  const bool keys = in_tile < kConsumers * consumer_float4s(kDim);  // dK, then dV
+  const int consumer = in_tile / consumer_float4s(kDim) % kConsumers;
+  const int n = in_tile % consumer_float4s(kDim) / kWarpgroupThreads;
   const int thread = in_tile % kWarpgroupThreads;
-  const bool causal = false;  // causal key tiles are never split
   const KeyTileWork tile =
       key_tile_work<kKeys, step_queries(kDim)>(static_cast<unsigned>(whole_tiles + split_tile), key_tiles,
                                                kv_heads_total, q_heads, kv_heads, q_seq, kv_seq, causal);
@@ -1257,14 +1255,16 @@ int bucket_of(int64_t dim) { return dim <= 64 ? 64 : dim <= 128 ? 128 : 256; }
 // This stage's own kernels take D a multiple of 8; stage 11 takes the rest.
 bool own_kernels_take(const Problem& problem) { return problem.dim <= kMaxDim && problem.dim % kAlignElements == 0; }
 
-// How many key tiles of a problem may be split in the last wave (split_last_wave): none under the
-// mask (the causal launch order already ends on its lightest tiles), at D = 256, or where a tile has
-// too few steps to split; else up to kMaxSplitTiles.
+// How many key tiles of a problem may be split in the last wave (split_last_wave): none at D = 256 or
+// where a tile has too few steps to split; under the mask only where there are fewer tiles than SMs
+// (launch); else up to kMaxSplitTiles.
 int64_t most_split_tiles(const Problem& problem) {
-  const int64_t steps = problem.group_size() * ((problem.q_seq + step_queries(static_cast<int>(problem.dim)) - 1) /
-                                                step_queries(static_cast<int>(problem.dim)));
-  if (problem.causal || bucket_of(problem.dim) > 128 || steps / 2 < wgmma_backward::kMinPartSteps) return 0;
-  return std::min<int64_t>(kMaxSplitTiles, (problem.kv_seq + kKeys - 1) / kKeys * problem.kv_heads_total());
+  const int queries = step_queries(static_cast<int>(problem.dim));
+  const int64_t steps = problem.group_size() * ((problem.q_seq + queries - 1) / queries);
+  if (bucket_of(problem.dim) > 128 || steps / 2 < wgmma_backward::kMinPartSteps) return 0;
+  const int64_t tiles = (problem.kv_seq + kKeys - 1) / kKeys * problem.kv_heads_total();
+  if (problem.causal) return tiles < kMaxSplitTiles ? tiles : 0;
+  return std::min<int64_t>(kMaxSplitTiles, tiles);
 }
 
 // The workspace: dQ's FP32 sum, the split key tiles' FP32 dK and dV, the LSE in log2 units, D, and
@@ -1349,8 +1349,8 @@ Status launch(const BackwardArgs& args) {
                                             problem.kv_heads_total(), kPanelColumns, T::kBlockKeys));
 
   // A block per (key tile, K/V head); at D = 256 a cluster per (pair of key tiles, K/V head). At
-  // D <= 128 without the mask the last wave's key tiles are split (not in the deterministic mode,
-  // whose turns go by whole key tiles).
+  // D <= 128 the last wave's key tiles may be split (not in the deterministic mode, whose turns go
+  // by whole key tiles).
   const int64_t key_tiles = (problem.kv_seq + T::kWorkKeys - 1) / T::kWorkKeys;
   const int64_t tiles = key_tiles * problem.kv_heads_total();
   LastWave wave{tiles, 0, 1};
@@ -1359,8 +1359,10 @@ Status launch(const BackwardArgs& args) {
     int sms = 0;
     FA_CUDA_TRY(cudaGetDevice(&device));
     FA_STATUS_TRY(multiprocessor_count(device, &sms));
+    // Under the mask a launch of more tiles than SMs ends on its lightest tiles (the launch order);
+    // with fewer, the heaviest (key tile 0, every step) sets the time, and all are split.
     const int steps = static_cast<int>(problem.group_size() * ((problem.q_seq + T::kQueries - 1) / T::kQueries));
-    wave = split_last_wave(tiles, steps, sms);
+    if (!problem.causal || tiles < sms) wave = split_last_wave(tiles, steps, sms);
   }
   const int64_t blocks = wave.blocks() * T::kClusterBlocks;
   FA_STATUS_TRY(check_grid(blocks));
@@ -1429,7 +1431,7 @@ Status launch(const BackwardArgs& args) {
                           static_cast<int>(key_tiles), static_cast<int>(problem.q_heads),
                           static_cast<int>(problem.kv_heads), static_cast<int>(problem.kv_heads_total()),
                           static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq),
-                          static_cast<int>(problem.dim), scale);
+                          static_cast<int>(problem.dim), problem.causal, scale);
     FA_LAUNCH_TRY();
   }
   return Status();
