@@ -170,47 +170,70 @@ TEST_CASE("stage13: the wgmma backward matches the reference gradients in every 
   }
 }
 
-TEST_CASE("stage13: the last wave's key tiles split into parts that end the round sooner (no GPU)") {
+TEST_CASE("stage13: the last wave's key tiles split into parts that end the launch sooner (no GPU)") {
   using fa::stages::wgmma_backward::kBlockOverheadSteps;
   using fa::stages::wgmma_backward::kMinGainPercent;
   using fa::stages::wgmma_backward::kMinPartSteps;
+  using fa::stages::wgmma_backward::LastWave;
   using fa::stages::wgmma_backward::split_last_wave;
+  const auto equal = [](int steps) { return [steps](int64_t) { return steps; }; };
   // Whole rounds, tiles too short to split, or a last round behind 15 whole ones ((4, 16, 4096, 128)
   // and (1, 16, 16384, 128) on 132 SMs: 2048 key tiles): nothing split.
-  CHECK(split_last_wave(2 * 132, 64, 132).parts == 1);
-  CHECK(split_last_wave(100, 2, 132).parts == 1);
-  CHECK(split_last_wave(2048, 64, 132).parts == 1);
-  CHECK(split_last_wave(2048, 256, 132).parts == 1);
-  // Multi-query heads, (1, 32/1, 4096, 128): 32 key tiles of 32 · 64 steps for 132 SMs, 4 parts each.
-  const auto multi_query = split_last_wave(32, 32 * 64, 132);
-  CHECK(multi_query.whole_tiles == 0);
-  CHECK(multi_query.split_tiles == 32);
-  CHECK(multi_query.parts == 4);
+  for (const LastWave& wave : {split_last_wave(2 * 132, 132, equal(64)), split_last_wave(100, 132, equal(2)),
+                               split_last_wave(2048, 132, equal(64)), split_last_wave(2048, 132, equal(256))}) {
+    CHECK(wave.split.split_tiles == 0);
+    CHECK(wave.blocks() == wave.split.whole_tiles);
+  }
+  // Multi-query heads, (1, 32/1, 4096, 128): 32 key tiles of 32 · 64 steps for 132 SMs, 4 parts each;
+  // under the causal mask tile t (heaviest first) has 32 · (64 − 2t) steps, and the heavy tiles get
+  // more parts than the light ones.
+  const LastWave multi_query = split_last_wave(32, 132, equal(32 * 64));
+  CHECK(multi_query.split.whole_tiles == 0);
+  CHECK(multi_query.split.split_tiles == 32);
+  CHECK(multi_query.split.part_steps == 32 * 64 / 4);
   CHECK(multi_query.blocks() == 128);
-  // For every count of tiles and steps: the split tiles are the rest of the last round, each part
-  // has at least kMinPartSteps steps, and the launch (counted as the rule counts) is shorter by at
-  // least kMinGainPercent.
+  const LastWave causal = split_last_wave(32, 132, [](int64_t t) { return static_cast<int>(32 * (64 - 2 * t)); });
+  REQUIRE(causal.split.split_tiles == 32);
+  CHECK(causal.split.part_steps < multi_query.split.part_steps);  // the light tiles leave SMs for more parts
+  CHECK(causal.split.first_block[1] - causal.split.first_block[0] >
+        causal.split.first_block[32] - causal.split.first_block[31]);
+  // For every count of tiles and steps, equal or falling: the split tiles are the rest of the last
+  // round, every part has at least kMinPartSteps steps and none is empty, and the launch (counted
+  // as the rule counts) is shorter by at least kMinGainPercent.
   int splits = 0;
   for (const int sms : {114, 132}) {
     for (int64_t tiles = 1; tiles <= 3 * sms; tiles += 7) {
       for (const int steps : {1, 5, 16, 33, 64, 256, 2048}) {
-        const auto wave = split_last_wave(tiles, steps, sms);
-        INFO("tiles " << tiles << ", steps " << steps << ", SMs " << sms);
-        if (wave.parts == 1) {
-          CHECK(wave.whole_tiles == tiles);
-          CHECK(wave.blocks() == tiles);
-          continue;
+        for (const bool falling : {false, true}) {
+          const auto steps_of = [&](int64_t t) {
+            return falling ? std::max(1, static_cast<int>(steps - steps * t / tiles)) : steps;
+          };
+          const LastWave wave = split_last_wave(tiles, sms, steps_of);
+          INFO("tiles " << tiles << ", steps " << steps << (falling ? " falling" : "") << ", SMs " << sms);
+          const auto& split = wave.split;
+          if (split.split_tiles == 0) {
+            CHECK(split.whole_tiles == tiles);
+            continue;
+          }
+          CHECK(split.split_tiles == tiles % sms);
+          CHECK(split.whole_tiles + split.split_tiles == tiles);
+          CHECK(split.part_steps >= kMinPartSteps);
+          int longest = 0;
+          for (int i = 0; i < split.split_tiles; ++i) {
+            const int tile_steps = steps_of(split.whole_tiles + i);
+            longest = std::max(longest, tile_steps);
+            const int parts = split.first_block[i + 1] - split.first_block[i];
+            CHECK((parts - 1) * split.part_steps < tile_steps);  // the last part is not empty
+            CHECK(parts * split.part_steps >= tile_steps);       // the parts cover the tile
+          }
+          const int64_t whole_rounds = tiles / sms;
+          const int64_t before = (whole_rounds + 1) * (longest + kBlockOverheadSteps);
+          const int64_t split_rounds = (wave.blocks() - split.whole_tiles + sms - 1) / sms;
+          const int64_t after =
+              whole_rounds * (longest + kBlockOverheadSteps) + split_rounds * (split.part_steps + kBlockOverheadSteps);
+          CHECK(after * (100 + kMinGainPercent) <= before * 100);
+          ++splits;
         }
-        CHECK(wave.split_tiles == tiles % sms);
-        CHECK(wave.whole_tiles + wave.split_tiles == tiles);
-        CHECK(steps / wave.parts >= kMinPartSteps);
-        const int64_t rounds = (wave.split_tiles * wave.parts + sms - 1) / sms;
-        const int64_t whole_rounds = tiles / sms;
-        const int64_t before = (whole_rounds + 1) * (steps + kBlockOverheadSteps);
-        const int64_t after = whole_rounds * (steps + kBlockOverheadSteps) +
-                              rounds * ((steps + wave.parts - 1) / wave.parts + kBlockOverheadSteps);
-        CHECK(after * (100 + kMinGainPercent) <= before * 100);
-        ++splits;
       }
     }
   }
@@ -218,9 +241,9 @@ TEST_CASE("stage13: the last wave's key tiles split into parts that end the roun
 }
 
 TEST_CASE("stage13: key tiles split in the last wave add up their dK and dV") {
-  // Shapes whose last wave this GPU splits (the test says so first): parts of a query head's
-  // tiles, parts that cross from one query head of a group to the next, partial tiles, Nq != Nk;
-  // under the causal mask, fewer tiles than SMs, light tiles split into parts of few steps or none.
+  // Shapes whose last wave this GPU splits (the test says so first, from the heaviest tile's steps):
+  // parts of a query head's tiles, parts that cross from one query head of a group to the next,
+  // partial tiles, Nq != Nk; under the causal mask, fewer tiles than SMs, light tiles in fewer parts.
   int device = 0;
   int sms = 0;
   for (const auto factory : kStages) {
@@ -238,7 +261,8 @@ TEST_CASE("stage13: key tiles split in the last wave add up their dK and dV") {
       const int steps = static_cast<int>(problem.group_size() * ((problem.q_seq + queries - 1) / queries));
       INFO("(" << problem.batch << ", " << problem.q_heads << "/" << problem.kv_heads << ", " << problem.q_seq << ", "
                << problem.kv_seq << ", " << problem.dim << ") on " << sms << " SMs");
-      REQUIRE(fa::stages::wgmma_backward::split_last_wave(tiles, steps, sms).parts > 1);
+      const auto wave = fa::stages::wgmma_backward::split_last_wave(tiles, sms, [steps](int64_t) { return steps; });
+      REQUIRE(wave.split.split_tiles > 0);
       check_backward(stage, problem, seed++);
     }
   }

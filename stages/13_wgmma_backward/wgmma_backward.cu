@@ -95,6 +95,7 @@ using kernel::wait_for_prerequisite;
 using wgmma_backward::kMaxSplitTiles;
 using wgmma_backward::LastWave;
 using wgmma_backward::split_last_wave;
+using wgmma_backward::SplitTiles;
 
 constexpr int kKeys = 128;     // Bc: the keys of a block, two consumer warpgroups of 64 (D <= 128)
 constexpr int kConsumers = 2;  // consumer warpgroups
@@ -395,9 +396,10 @@ struct KeyTileWork {
 };
 
 template <int kBlockKeys, int kQueries>
-__device__ __forceinline__ KeyTileWork key_tile_work(unsigned work_index, const int& key_tiles,
-                                                     const int& kv_heads_total, const int& q_heads, const int& kv_heads,
-                                                     const int& q_seq, const int& kv_seq, const bool& causal) {
+__host__ __device__ __forceinline__ KeyTileWork key_tile_work(unsigned work_index, const int& key_tiles,
+                                                              const int& kv_heads_total, const int& q_heads,
+                                                              const int& kv_heads, const int& q_seq, const int& kv_seq,
+                                                              const bool& causal) {
   using namespace kernel;
   const Work<unsigned> work = ordered_work_wide_bands<unsigned>(work_index, static_cast<unsigned>(key_tiles),
                                                                 static_cast<unsigned>(kv_heads_total), causal);
@@ -414,21 +416,27 @@ __device__ __forceinline__ KeyTileWork key_tile_work(unsigned work_index, const 
 }
 
 // Which key tile a block at D <= 128 owns and which of its steps it walks: all of them, or, for a
-// key tile of the last wave (from `whole_tiles` on in the launch order), part `part` of `parts`
-// (the host's split_last_wave): blocks whole_tiles + parts·i .. + parts − 1 split key tile
-// whole_tiles + i.
+// key tile of the last wave, part `part` (last_wave.hpp: the host's plan, the kernel's table).
 struct BlockPart {
   unsigned work_index;  // the key tile's place in the launch order (key_tile_work)
-  int split_tile;       // i, or −1 for a block that owns its key tile whole
+  int split_tile;       // which split tile, or −1 for a block that owns its key tile whole
   int part;
-  int parts;
-  __device__ int first_step(int steps) const { return part * steps / parts; }
-  __device__ int end_step(int steps) const { return (part + 1) * steps / parts; }
 };
-__device__ __forceinline__ BlockPart block_part(unsigned block, const int& whole_tiles, const int& parts) {
-  const int split = static_cast<int>(block) - whole_tiles;
-  if (split < 0) return {block, -1, 0, 1};
-  return {static_cast<unsigned>(whole_tiles + split / parts), split / parts, split % parts, parts};
+__device__ __forceinline__ BlockPart block_part(unsigned block, const SplitTiles& split) {
+  const int index = static_cast<int>(block) - split.whole_tiles;
+  if (index < 0) return {block, -1, 0};
+  // The split tile whose blocks hold this one: the last with first_block <= index.
+  int low = 0;
+  int high = split.split_tiles - 1;
+  while (low < high) {
+    const int middle = (low + high + 1) / 2;
+    if (split.first_block[middle] <= index) {
+      low = middle;
+    } else {
+      high = middle - 1;
+    }
+  }
+  return {static_cast<unsigned>(split.whole_tiles + low), low, index - split.first_block[low]};
 }
 
 // The ring's barriers, by thread 0 (the caller then syncs the block): K and V have landed; per slot,
@@ -580,8 +588,8 @@ __device__ __forceinline__ void produce_steps(const CUtensorMap* query_map, cons
 // warpgroups of 64 keys each. Q and dO are described as (B·Hq) x Nq x D, K and V as (B·Hkv) x Nk x
 // D; lse_log2 and row_delta are (B·Hq) x workspace_head_rows, as is grad_q_sum (x kDim floats).
 // kDeterministic: each part of a dQ tile takes the key tiles' additions in key order (turns).
-// The key tiles from `whole_tiles` on are split in `parts` blocks each (block_part), which add their
-// dK and dV to `split_grads` (add_split_key_grads).
+// The key tiles of the last wave may be split (`split`, block_part); their parts add their dK and dV
+// to `split_grads` (add_split_key_grads).
 template <typename Element, int kDim, bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap query_map, const __grid_constant__ CUtensorMap grad_out_map,
@@ -590,7 +598,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     float* __restrict__ grad_q_sum, int* __restrict__ turns, float4* __restrict__ split_grads,
                     Element* __restrict__ grad_k, Element* __restrict__ grad_v, int q_seq, int kv_seq, int dim,
                     int workspace_head_rows, int key_tiles, int q_heads, int kv_heads, int kv_heads_total,
-                    int whole_tiles, int parts, bool causal, float scale, float scale_log2) {
+                    const __grid_constant__ SplitTiles split, bool causal, float scale, float scale_log2) {
 #if FA_STAGE13_DEVICE_CODE
   using T = Tiling<kDim>;
   using namespace kernel;
@@ -614,11 +622,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Which keys, the steps over the query tiles that see them, and which of those steps are this
   // block's.
-  const BlockPart block = block_part(blockIdx.x, whole_tiles, parts);
+  const BlockPart block = block_part(blockIdx.x, split);
   const KeyTileWork tile = key_tile_work<T::kWorkKeys, T::kQueries>(block.work_index, key_tiles, kv_heads_total,
                                                                     q_heads, kv_heads, q_seq, kv_seq, causal);
-  const int first_step = block.first_step(tile.steps);
-  const int end_step = block.end_step(tile.steps);
+  const int first_step = block.split_tile < 0 ? 0 : block.part * split.part_steps;
+  const int end_step = block.split_tile < 0 ? tile.steps : min(tile.steps, first_step + split.part_steps);
 
   if (threadIdx.x == 0) init_ring_barriers<T::kStages>(kv_full, slot_full, slot_free);
   __syncthreads();
@@ -1353,16 +1361,29 @@ Status launch(const BackwardArgs& args) {
   // by whole key tiles).
   const int64_t key_tiles = (problem.kv_seq + T::kWorkKeys - 1) / T::kWorkKeys;
   const int64_t tiles = key_tiles * problem.kv_heads_total();
-  LastWave wave{tiles, 0, 1};
-  if (!kDeterministic && layout.split_floats > 0) {
+  LastWave wave{};
+  wave.split.whole_tiles = static_cast<int>(tiles);
+  if constexpr (!kWide && !kDeterministic) {
     int device = 0;
     int sms = 0;
     FA_CUDA_TRY(cudaGetDevice(&device));
     FA_STATUS_TRY(multiprocessor_count(device, &sms));
     // Under the mask a launch of more tiles than SMs ends on its lightest tiles (the launch order);
-    // with fewer, the heaviest (key tile 0, every step) sets the time, and all are split.
-    const int steps = static_cast<int>(problem.group_size() * ((problem.q_seq + T::kQueries - 1) / T::kQueries));
-    if (!problem.causal || tiles < sms) wave = split_last_wave(tiles, steps, sms);
+    // with fewer, all are split, each in parts as long as the plan's (its heaviest tiles in more).
+    if (layout.split_floats > 0 && (!problem.causal || tiles < sms)) {
+      const int q_seq = static_cast<int>(problem.q_seq);
+      const int kv_seq = static_cast<int>(problem.kv_seq);
+      const int q_heads = static_cast<int>(problem.q_heads);
+      const int kv_heads = static_cast<int>(problem.kv_heads);
+      const int kv_heads_total = static_cast<int>(problem.kv_heads_total());
+      const int tiles_per_head = static_cast<int>(key_tiles);
+      const bool causal = problem.causal;
+      wave = split_last_wave(tiles, sms, [&](int64_t index) {
+        return key_tile_work<kKeys, T::kQueries>(static_cast<unsigned>(index), tiles_per_head, kv_heads_total, q_heads,
+                                                 kv_heads, q_seq, kv_seq, causal)
+            .steps;
+      });
+    }
   }
   const int64_t blocks = wave.blocks() * T::kClusterBlocks;
   FA_STATUS_TRY(check_grid(blocks));
@@ -1373,7 +1394,7 @@ Status launch(const BackwardArgs& args) {
   if constexpr (kDeterministic) {
     FA_CUDA_TRY(cudaMemsetAsync(turns, 0, static_cast<std::size_t>(layout.turn_count) * 4, args.stream));
   }
-  const int64_t split_float4s = wave.split_tiles * 2 * kKeys * kDim / 4;
+  const int64_t split_float4s = int64_t{wave.split.split_tiles} * 2 * kKeys * kDim / 4;
   if (split_float4s > 0) {
     FA_CUDA_TRY(cudaMemsetAsync(split_sums, 0, static_cast<std::size_t>(split_float4s) * 16, args.stream));
   }
@@ -1408,8 +1429,8 @@ Status launch(const BackwardArgs& args) {
         turns, reinterpret_cast<float4*>(split_sums), static_cast<Element*>(args.grad_k),
         static_cast<Element*>(args.grad_v), static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq),
         static_cast<int>(problem.dim), head_rows, static_cast<int>(key_tiles), static_cast<int>(problem.q_heads),
-        static_cast<int>(problem.kv_heads), static_cast<int>(problem.kv_heads_total()),
-        static_cast<int>(wave.whole_tiles), wave.parts, problem.causal, scale, scale * kernel::kLog2e));
+        static_cast<int>(problem.kv_heads), static_cast<int>(problem.kv_heads_total()), wave.split, problem.causal,
+        scale, scale * kernel::kLog2e));
   }
 
   // 3. dQ = scale · the sum, rounded to the element type.
@@ -1427,7 +1448,7 @@ Status launch(const BackwardArgs& args) {
     write_split_key_grads_kernel<Element, kDim>
         <<<static_cast<unsigned>((split_float4s + kConvertThreads - 1) / kConvertThreads), kConvertThreads, 0,
            args.stream>>>(reinterpret_cast<const float4*>(split_sums), static_cast<Element*>(args.grad_k),
-                          static_cast<Element*>(args.grad_v), split_float4s, static_cast<int>(wave.whole_tiles),
+                          static_cast<Element*>(args.grad_v), split_float4s, wave.split.whole_tiles,
                           static_cast<int>(key_tiles), static_cast<int>(problem.q_heads),
                           static_cast<int>(problem.kv_heads), static_cast<int>(problem.kv_heads_total()),
                           static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq),
