@@ -160,7 +160,7 @@ fa_add_spill_test(NAME "stage12: the wgmma kernel spills nothing to local memory
 # (m64n32k16, both K-major), dV and dK with Pᵀ and dSᵀ read K-major from shared memory (m64n128k16,
 # B MN-major), and the cluster of two blocks: dSᵀ copied into the partner's shared memory by the copy
 # engine (an address from `mapa`, the bulk shared-to-shared copy), the cluster barrier.
-fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the TMA ring, setmaxnreg, dQ's 16-byte atomic adds, the cluster's dS exchange and the dependent launch (sm_90a)"
+fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the TMA ring, setmaxnreg, dQ's 16-byte atomic adds, dK and dV by TMA store, the cluster's dS exchange and the dependent launch (sm_90a)"
   STAGE 13_wgmma_backward SOURCE wgmma_backward.cu ARCH 90a
   PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n32k16\\.f32\\.f16\\.f16 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1, 0, 0"
   PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n32k16\\.f32\\.bf16\\.bf16 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1, 0, 0"
@@ -174,6 +174,7 @@ fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the
   PATTERN "wgmma\\.mma_async\\.sync\\.aligned\\.m64n64k16\\.f32\\.bf16\\.bf16 [{][^}]*[}], %rd[0-9]+, %rd[0-9]+, p, 1, 1, 1, 1"
   PATTERN "cp\\.async\\.bulk\\.tensor\\.3d\\.shared::cluster\\.global\\.tile\\.mbarrier::complete_tx::bytes"
   PATTERN "cp\\.async\\.bulk\\.shared::cluster\\.global\\.mbarrier::complete_tx::bytes"
+  PATTERN "cp\\.async\\.bulk\\.tensor\\.3d\\.global\\.shared::cta\\.tile\\.bulk_group"
   PATTERN "mbarrier\\.try_wait\\.parity\\.shared::cta\\.b64"
   PATTERN "setmaxnreg\\.dec\\.sync\\.aligned\\.u32 24" PATTERN "setmaxnreg\\.inc\\.sync\\.aligned\\.u32 240"
   PATTERN "fence\\.proxy\\.async\\.shared::cta"

@@ -190,20 +190,25 @@ struct WideTiling {
 // side by side for e = 0 .. 7 (one 16-byte store or atomic a thread, a warp's 512 bytes contiguous).
 // Float4 number e · 128 + t of a part is thread t's accumulators 4e .. 4e + 3: rows r and r + 8,
 // columns c and c + 1 of the part, with r = 16 · (t / 32) + (t % 32) / 4 and c = 8e + 2 · (t % 4).
-struct PartPlace {
-  int row;     // of the query tile
-  int column;  // of the head dim
+struct AccumulatorPlace {
+  int row;
+  int column;
 };
+// Where accumulators 4e .. 4e + 3 of a warpgroup's thread t sit in its 64-row tile: rows r and
+// r + 8, columns c and c + 1.
+__host__ __device__ __forceinline__ AccumulatorPlace accumulator_place(int e, int t) {
+  return {t / kWarpSize * 16 + t % kWarpSize / 4, e * kMmaColumns + t % 4 * 2};
+}
+// The place of float4 `float4_in_tile` of a dQ tile's sum: row of the query tile, column of the head dim.
 template <int kDim>
-__device__ __forceinline__ PartPlace part_place(int float4_in_tile) {
+__device__ __forceinline__ AccumulatorPlace part_place(int float4_in_tile) {
   constexpr int kScorePanels = step_queries(kDim) / kPanelColumns;
   constexpr int kPartFloat4s = kMmaRows * kPanelColumns / 4;
   const int part = float4_in_tile / kPartFloat4s;
-  const int e = float4_in_tile % kPartFloat4s / kWarpgroupThreads;
-  const int t = float4_in_tile % kWarpgroupThreads;
-  const int row = t / kWarpSize * 16 + t % kWarpSize / 4;
-  const int column = e * kMmaColumns + t % 4 * 2;
-  return kScorePanels == 2 ? PartPlace{part * kMmaRows + row, column} : PartPlace{row, part * kPanelColumns + column};
+  const AccumulatorPlace place =
+      accumulator_place(float4_in_tile % kPartFloat4s / kWarpgroupThreads, float4_in_tile % kWarpgroupThreads);
+  return kScorePanels == 2 ? AccumulatorPlace{part * kMmaRows + place.row, place.column}
+                           : AccumulatorPlace{place.row, part * kPanelColumns + place.column};
 }
 
 // 1D bulk copy global -> shared (no tensor map), completing on `barrier`: the LSE and D of a step.
@@ -340,40 +345,66 @@ __global__ void row_prepare_kernel(const Element* __restrict__ out, const Elemen
   }
 }
 
+// Four threads of a row quad (lanes 4g .. 4g + 3) each hold words[d] bound for lane 4g + d; each
+// gets back the four words bound for it, in the order of the lanes they came from (two exchanges:
+// with the lane one over, then with the lane two over).
+__device__ __forceinline__ uint4 transpose_quad(const unsigned (&words)[4], int quad) {
+  const bool odd = quad & 1;
+  const unsigned low = __shfl_xor_sync(kernel::kFullWarp, odd ? words[0] : words[1], 1);
+  const unsigned high = __shfl_xor_sync(kernel::kFullWarp, odd ? words[2] : words[3], 1);
+  // Bound for lane quad % 2 (from the even lane of the pair, then the odd one), then for 2 + quad % 2.
+  const unsigned mine[4] = {odd ? low : words[0], odd ? words[1] : low, odd ? high : words[2], odd ? words[3] : high};
+  const bool upper = quad & 2;
+  const unsigned first = __shfl_xor_sync(kernel::kFullWarp, upper ? mine[0] : mine[2], 2);
+  const unsigned second = __shfl_xor_sync(kernel::kFullWarp, upper ? mine[1] : mine[3], 2);
+  return upper ? make_uint4(first, second, mine[2], mine[3]) : make_uint4(mine[0], mine[1], first, second);
+}
+
 // The last step: dQ = scale · (the FP32 sum every key tile added), rounded to the element type.
-// Each thread reads kConvertFloat4s float4s of the workspace, a block's reads side by side, all of
-// them before its first store (the loads in flight together); each float4 is two pairs of dQ
-// (part_place), stored as two 4-byte pairs.
-constexpr int kConvertFloat4s = 4;
+// A thread takes accumulators 4e .. 4e + 3 of a part's thread t for e = 2p and 2p + 1 (part_place):
+// two float4s, a warp's loads 512 contiguous bytes each; rows r and r + 8, columns 16p + 2·(t % 4)
+// and the next, and 8 columns on. The four threads of a row quad swap their pairs
+// (transpose_quad), so that each holds 8 columns of one row: 16-byte stores, a row's 32 bytes
+// by two neighbours. A thread's pairs of float4s are all loaded before its first store.
+constexpr int kConvertPairs = 2;
 template <typename Element, int kDim>
 __global__ void scale_grad_query_kernel(const float4* __restrict__ accumulated, Element* __restrict__ grad_q,
-                                        int64_t float4s, int q_seq, int workspace_head_rows, int dim, float scale) {
+                                        int64_t pairs, int q_seq, int workspace_head_rows, int dim, float scale) {
   constexpr int kQueries = step_queries(kDim);
   constexpr int kTileFloat4s = kQueries * kDim / 4;
   wait_for_prerequisite();  // launched early (programmatic dependent launch): dQ's sum is whole now
-  const int64_t first_index = static_cast<int64_t>(blockIdx.x) * blockDim.x * kConvertFloat4s + threadIdx.x;
-  float4 sums[kConvertFloat4s];
+  const int t = threadIdx.x % kWarpgroupThreads;
+  const int quad = t % 4;
+  const int64_t first_pair = static_cast<int64_t>(blockIdx.x) * blockDim.x * kConvertPairs + threadIdx.x;
+  float4 sums[kConvertPairs][2];
 #pragma unroll
-  for (int k = 0; k < kConvertFloat4s; ++k) {
-    const int64_t index = first_index + k * blockDim.x;
-    sums[k] = index < float4s ? accumulated[index] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int k = 0; k < kConvertPairs; ++k) {
+    // Pair i = 4 · 128 · part + 128 · p + t is float4s 2i − t (e = 2p) and 128 after it (2p + 1).
+    const int64_t first = 2 * (first_pair + k * blockDim.x) - t;
+    const bool live = first_pair + k * blockDim.x < pairs;  // the same for a whole warp
+    sums[k][0] = live ? accumulated[first] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    sums[k][1] = live ? accumulated[first + kWarpgroupThreads] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   const int tiles_per_head = workspace_head_rows / kQueries;
 #pragma unroll
-  for (int k = 0; k < kConvertFloat4s; ++k) {
-    const int64_t index = first_index + k * blockDim.x;
-    const int64_t tile = index / kTileFloat4s;  // (query head, query tile), tile-major
+  for (int k = 0; k < kConvertPairs; ++k) {
+    if (first_pair + k * blockDim.x >= pairs) break;
+    const int64_t first = 2 * (first_pair + k * blockDim.x) - t;
+    const float4 even = sums[k][0];
+    const float4 odd = sums[k][1];
+    // Bound for lane quad 0: row r, the first 8 columns; 1: row r, the next 8; 2, 3: row r + 8.
+    const unsigned words[4] = {
+        pack_pair<Element>(even.x * scale, even.y * scale), pack_pair<Element>(odd.x * scale, odd.y * scale),
+        pack_pair<Element>(even.z * scale, even.w * scale), pack_pair<Element>(odd.z * scale, odd.w * scale)};
+    const uint4 chunk = transpose_quad(words, quad);
+    const int64_t tile = first / kTileFloat4s;  // (query head, query tile), tile-major
     const int64_t head = tile / tiles_per_head;
-    const PartPlace place = part_place<kDim>(static_cast<int>(index % kTileFloat4s));
-    // dim is a multiple of 8: both columns of a pair are in or out.
-    if (index >= float4s || place.column >= dim) continue;
-    const int row = static_cast<int>(tile % tiles_per_head) * kQueries + place.row;
-    Element* first = grad_q + (head * q_seq + row) * dim + place.column;
-    if (row < q_seq) {
-      *reinterpret_cast<unsigned*>(first) = kernel::pack_pair<Element>(sums[k].x * scale, sums[k].y * scale);
-    }
-    if (row + 8 < q_seq) {
-      *reinterpret_cast<unsigned*>(first + 8 * dim) = kernel::pack_pair<Element>(sums[k].z * scale, sums[k].w * scale);
+    const AccumulatorPlace place = part_place<kDim>(static_cast<int>(first % kTileFloat4s));
+    const int row = static_cast<int>(tile % tiles_per_head) * kQueries + place.row + 8 * (quad / 2);
+    const int column = place.column - 2 * quad + 8 * (quad % 2);
+    // dim is a multiple of 8: a chunk's 8 columns are all in or all out.
+    if (row < q_seq && column < dim) {
+      *reinterpret_cast<uint4*>(grad_q + (head * q_seq + row) * dim + column) = chunk;
     }
   }
 }
@@ -492,6 +523,27 @@ __device__ __forceinline__ void write_key_grads(const float (&key_grad)[kColumns
   }
 }
 
+// dK = scale · Σ dSᵀ Q and dV of a thread's two keys, rounded, in place of K and V in shared memory:
+// rows first_row + group and + 8 of the tiles (first_row a multiple of 8), columns 8n + 2·quad and
+// the next, in the 128-byte swizzle TMA reads (chunk n % 8 of a panel's row at chunk (n % 8) ^ group).
+template <typename Element, int kDim, int kPanelBytes>
+__device__ __forceinline__ void stage_key_grads(const float (&key_grad)[kDim / 2], const float (&value_grad)[kDim / 2],
+                                                unsigned char* key_tile, unsigned char* value_tile, int first_row,
+                                                int group, int quad, float scale) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int n = 0; n < kDim / kMmaColumns; ++n) {
+      const int offset =
+          n / 8 * kPanelBytes + (first_row + group + 8 * half) * kPanelRowBytes + (n % 8 ^ group) * 16 + quad * 4;
+      const int e = 4 * n + 2 * half;
+      *reinterpret_cast<unsigned*>(key_tile + offset) =
+          pack_pair<Element>(key_grad[e] * scale, key_grad[e + 1] * scale);
+      *reinterpret_cast<unsigned*>(value_tile + offset) = pack_pair<Element>(value_grad[e], value_grad[e + 1]);
+    }
+  }
+}
+
 // One 64 x 64 part of dQ into the FP32 workspace, unscaled, in the accumulator order (part_place):
 // 16-byte atomic adds (RED.E.ADD.F32x4, the add done in L2), eight a thread at constant offsets from
 // `lane_part` (immediates of the atomic), a warp's 512 bytes side by side; the caller goes on at once.
@@ -594,11 +646,12 @@ template <typename Element, int kDim, bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap query_map, const __grid_constant__ CUtensorMap grad_out_map,
                     const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap value_map,
-                    const float* __restrict__ lse_log2, const float* __restrict__ row_delta,
-                    float* __restrict__ grad_q_sum, int* __restrict__ turns, float4* __restrict__ split_grads,
-                    Element* __restrict__ grad_k, Element* __restrict__ grad_v, int q_seq, int kv_seq, int dim,
-                    int workspace_head_rows, int key_tiles, int q_heads, int kv_heads, int kv_heads_total,
-                    const __grid_constant__ SplitTiles split, bool causal, float scale, float scale_log2) {
+                    const __grid_constant__ CUtensorMap grad_key_map,
+                    const __grid_constant__ CUtensorMap grad_value_map, const float* __restrict__ lse_log2,
+                    const float* __restrict__ row_delta, float* __restrict__ grad_q_sum, int* __restrict__ turns,
+                    float4* __restrict__ split_grads, int q_seq, int kv_seq, int workspace_head_rows, int key_tiles,
+                    int q_heads, int kv_heads, int kv_heads_total, const __grid_constant__ SplitTiles split,
+                    bool causal, float scale, float scale_log2) {
 #if FA_STAGE13_DEVICE_CODE
   using T = Tiling<kDim>;
   using namespace kernel;
@@ -645,6 +698,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     // ---- The consumers: 64 keys each -----------------------------------------------------------
     claim_registers<kConsumerRegisters>();
+    if (threadIdx.x == kWarpgroupThreads) {  // the thread that stores dK and dV
+      prefetch_tensor_map(&grad_key_map);
+      prefetch_tensor_map(&grad_value_map);
+    }
     wait_for_prerequisite();  // dQ's sum is cleared before this block's first addition
     const int consumer = warpgroup - 1;
     const int thread = threadIdx.x % kWarpgroupThreads;
@@ -828,11 +885,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     // loop ran).
     wgmma_wait<0>();
 
-    // dK = scale · Σ dSᵀ Q and dV, once: rows key_base + warp_key + group (+ 8); a part of a split
-    // key tile adds its sums to the tile's, which the last kernel writes.
+    // dK = scale · Σ dSᵀ Q and dV, once, by the copy engine: both consumers' last products have read
+    // K and V (they meet first), so dK takes K's place in shared memory and dV V's, and one thread
+    // stores both tiles (rows past Nk and columns past D are not written); it waits until the copy
+    // engine has read them before the block may leave. A part of a split key tile adds its sums to
+    // the tile's, which the last kernel writes.
     if (block.split_tile < 0) {
-      write_key_grads<Element, kDim>(key_grad, value_grad, grad_k, grad_v, tile.kv_head,
-                                     tile.key_base + warp_key + group, 0, quad, kv_seq, dim, scale);
+      sync_threads(kScoresReadyBarrier, kConsumers * kWarpgroupThreads);
+      stage_key_grads<Element, kDim, T::kKvPanelBytes>(key_grad, value_grad, key_tile, value_tile, warp_key, group,
+                                                       quad, scale);
+      fence_shared_for_async_proxy();
+      sync_threads(kScoresReadyBarrier, kConsumers * kWarpgroupThreads);
+      if (threadIdx.x == kWarpgroupThreads) {
+        for (int panel = 0; panel < T::kPanels; ++panel) {
+          copy_box_to_global(&grad_key_map, shared_address(key_tile + panel * T::kKvPanelBytes), panel * kPanelColumns,
+                             tile.key_base, tile.kv_head);
+          copy_box_to_global(&grad_value_map, shared_address(value_tile + panel * T::kKvPanelBytes),
+                             panel * kPanelColumns, tile.key_base, tile.kv_head);
+        }
+        commit_stores();
+        wait_stores_read();
+      }
     } else {
       add_split_key_grads<kDim>(split_grads, key_grad, value_grad, block.split_tile, consumer, thread);
     }
@@ -861,8 +934,9 @@ __global__ void write_split_key_grads_kernel(const float4* __restrict__ sums, El
   const KeyTileWork tile =
       key_tile_work<kKeys, step_queries(kDim)>(static_cast<unsigned>(whole_tiles + split_tile), key_tiles,
                                                kv_heads_total, q_heads, kv_heads, q_seq, kv_seq, causal);
-  const int key = tile.key_base + consumer * kMmaRows + thread / kWarpSize * 16 + thread % kWarpSize / 4;
-  const int column = n * kMmaColumns + thread % 4 * 2;
+  const AccumulatorPlace place = accumulator_place(n, thread);
+  const int key = tile.key_base + consumer * kMmaRows + place.row;
+  const int column = place.column;
   if (column >= dim) return;
   const float4 sum = sums[index];
   const float factor = keys ? scale : 1.0f;
@@ -1422,27 +1496,32 @@ Status launch(const BackwardArgs& args) {
         static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads),
         static_cast<int>(problem.kv_heads_total()), problem.causal, scale, scale * kernel::kLog2e));
   } else {
+    // dK and dV are stored by the copy engine, as tiles of K and V are loaded.
+    CUtensorMap grad_key_map{};
+    CUtensorMap grad_value_map{};
+    FA_STATUS_TRY(kernel::encode_matrix_stack(grad_key_map, kBf16, args.grad_k, problem.dim, problem.kv_seq,
+                                              problem.kv_heads_total(), kPanelColumns, T::kBlockKeys));
+    FA_STATUS_TRY(kernel::encode_matrix_stack(grad_value_map, kBf16, args.grad_v, problem.dim, problem.kv_seq,
+                                              problem.kv_heads_total(), kPanelColumns, T::kBlockKeys));
     const auto kernel = &backward_kernel<Element, kDim, kDeterministic>;
     FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
     FA_CUDA_TRY(cudaLaunchKernelEx(
-        &backward_launch.config, kernel, query_map, grad_out_map, key_map, value_map, lse_log2, row_delta, grad_q_sum,
-        turns, reinterpret_cast<float4*>(split_sums), static_cast<Element*>(args.grad_k),
-        static_cast<Element*>(args.grad_v), static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq),
-        static_cast<int>(problem.dim), head_rows, static_cast<int>(key_tiles), static_cast<int>(problem.q_heads),
+        &backward_launch.config, kernel, query_map, grad_out_map, key_map, value_map, grad_key_map, grad_value_map,
+        lse_log2, row_delta, grad_q_sum, turns, reinterpret_cast<float4*>(split_sums), static_cast<int>(problem.q_seq),
+        static_cast<int>(problem.kv_seq), head_rows, static_cast<int>(key_tiles), static_cast<int>(problem.q_heads),
         static_cast<int>(problem.kv_heads), static_cast<int>(problem.kv_heads_total()), wave.split, problem.causal,
         scale, scale * kernel::kLog2e));
   }
 
   // 3. dQ = scale · the sum, rounded to the element type.
   constexpr int kConvertThreads = 256;
-  const int64_t float4s = layout.grad_q_floats / 4;
-  constexpr int kConvertBlockFloat4s = kConvertThreads * kConvertFloat4s;
-  const EarlyLaunch convert_launch(static_cast<unsigned>((float4s + kConvertBlockFloat4s - 1) / kConvertBlockFloat4s),
+  const int64_t pairs = layout.grad_q_floats / 8;
+  constexpr int kConvertBlockPairs = kConvertThreads * kConvertPairs;
+  const EarlyLaunch convert_launch(static_cast<unsigned>((pairs + kConvertBlockPairs - 1) / kConvertBlockPairs),
                                    kConvertThreads, 0, args.stream);
   FA_CUDA_TRY(cudaLaunchKernelEx(&convert_launch.config, &scale_grad_query_kernel<Element, kDim>,
-                                 reinterpret_cast<const float4*>(grad_q_sum), static_cast<Element*>(args.grad_q),
-                                 float4s, static_cast<int>(problem.q_seq), head_rows, static_cast<int>(problem.dim),
-                                 scale));
+                                 reinterpret_cast<const float4*>(grad_q_sum), static_cast<Element*>(args.grad_q), pairs,
+                                 static_cast<int>(problem.q_seq), head_rows, static_cast<int>(problem.dim), scale));
   // 4. dK and dV of the split key tiles.
   if (split_float4s > 0) {
     write_split_key_grads_kernel<Element, kDim>
