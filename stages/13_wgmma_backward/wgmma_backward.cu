@@ -501,41 +501,19 @@ __device__ __forceinline__ void pass_turn(int* turn, int thread, int consumer) {
   if (thread == 0) atomicAdd(turn, 1);
 }
 
-// dK = scale · Σ dSᵀ Q and dV of a thread's two keys (`first_key`, first_key + 8), its columns from
-// `first_column`: 8n + 2·quad and the next, for the accumulators' n = 0 .. kColumns / 8 − 1.
-template <typename Element, int kColumns>
-__device__ __forceinline__ void write_key_grads(const float (&key_grad)[kColumns / 2],
-                                                const float (&value_grad)[kColumns / 2], Element* grad_k,
-                                                Element* grad_v, int kv_head, int first_key, int first_column, int quad,
-                                                int kv_seq, int dim, float scale) {
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int key = first_key + 8 * half;
-    if (key >= kv_seq) continue;
-    const int64_t first = (static_cast<int64_t>(kv_head) * kv_seq + key) * dim;
-#pragma unroll
-    for (int n = 0; n < kColumns / kMmaColumns; ++n) {
-      const int column = first_column + n * kMmaColumns + 2 * quad;
-      if (column >= dim) continue;
-      const int e = 4 * n + 2 * half;
-      *reinterpret_cast<unsigned*>(grad_k + first + column) =
-          pack_pair<Element>(key_grad[e] * scale, key_grad[e + 1] * scale);
-      *reinterpret_cast<unsigned*>(grad_v + first + column) = pack_pair<Element>(value_grad[e], value_grad[e + 1]);
-    }
-  }
-}
-
 // dK = scale · Σ dSᵀ Q and dV of a thread's two keys, rounded, in place of K and V in shared memory:
 // rows first_row + group and + 8 of the tiles (first_row a multiple of 8), columns 8n + 2·quad and
-// the next, in the 128-byte swizzle TMA reads (chunk n % 8 of a panel's row at chunk (n % 8) ^ group).
-template <typename Element, int kDim, int kPanelBytes>
-__device__ __forceinline__ void stage_key_grads(const float (&key_grad)[kDim / 2], const float (&value_grad)[kDim / 2],
-                                                unsigned char* key_tile, unsigned char* value_tile, int first_row,
-                                                int group, int quad, float scale) {
+// the next from the tiles' first panel, in the 128-byte swizzle TMA reads (chunk n % 8 of a panel's
+// row at chunk (n % 8) ^ group).
+template <typename Element, int kColumns, int kPanelBytes>
+__device__ __forceinline__ void stage_key_grads(const float (&key_grad)[kColumns / 2],
+                                                const float (&value_grad)[kColumns / 2], unsigned char* key_tile,
+                                                unsigned char* value_tile, int first_row, int group, int quad,
+                                                float scale) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
 #pragma unroll
-    for (int n = 0; n < kDim / kMmaColumns; ++n) {
+    for (int n = 0; n < kColumns / kMmaColumns; ++n) {
       const int offset =
           n / 8 * kPanelBytes + (first_row + group + 8 * half) * kPanelRowBytes + (n % 8 ^ group) * 16 + quad * 4;
       const int e = 4 * n + 2 * half;
@@ -1054,11 +1032,12 @@ template <typename Element, int kDim, bool kDeterministic>
 __global__ void __launch_bounds__(kThreads, 1)
     wide_backward_kernel(const __grid_constant__ CUtensorMap query_map,
                          const __grid_constant__ CUtensorMap grad_out_map, const __grid_constant__ CUtensorMap key_map,
-                         const __grid_constant__ CUtensorMap value_map, const float* __restrict__ lse_log2,
+                         const __grid_constant__ CUtensorMap value_map,
+                         const __grid_constant__ CUtensorMap grad_key_map,
+                         const __grid_constant__ CUtensorMap grad_value_map, const float* __restrict__ lse_log2,
                          const float* __restrict__ row_delta, float* __restrict__ grad_q_sum, int* __restrict__ turns,
-                         Element* __restrict__ grad_k, Element* __restrict__ grad_v, int q_seq, int kv_seq, int dim,
-                         int workspace_head_rows, int key_pairs, int q_heads, int kv_heads, int kv_heads_total,
-                         bool causal, float scale, float scale_log2) {
+                         int q_seq, int kv_seq, int workspace_head_rows, int key_pairs, int q_heads, int kv_heads,
+                         int kv_heads_total, bool causal, float scale, float scale_log2) {
 #if FA_STAGE13_DEVICE_CODE
   using T = WideTiling;
   static_assert(kDim == T::kDim, "the D = 256 bucket");
@@ -1118,6 +1097,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     claim_registers<kConsumerRegisters>();
+    if (threadIdx.x == kWarpgroupThreads) {  // the thread that stores dK and dV
+      prefetch_tensor_map(&grad_key_map);
+      prefetch_tensor_map(&grad_value_map);
+    }
     wait_for_prerequisite();
     const int consumer = warpgroup - 1;
     const int thread = threadIdx.x % kWarpgroupThreads;
@@ -1318,10 +1301,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma_wait<0>();
 
-    // dK = scale · Σ dSᵀ Q and dV for the consumer's dims: rows key_base + warp_key + group (+ 8).
-    write_key_grads<Element, T::kConsumerDims>(key_grad, value_grad, grad_k, grad_v, pair.kv_head,
-                                               key_base + warp_key + group, consumer * T::kConsumerDims, quad, kv_seq,
-                                               dim, scale);
+    // dK = scale · Σ dSᵀ Q and dV for the consumer's dims, by the copy engine as at D <= 128: staged in
+    // K's and V's places once both consumers' last products are done (this block's K and V are
+    // read only here), one thread stores both tiles.
+    sync_threads(kScoresReadyBarrier, kConsumers * kWarpgroupThreads);
+    constexpr int kConsumerPanels = T::kConsumerDims / kPanelColumns;
+    stage_key_grads<Element, T::kConsumerDims, T::kKvPanelBytes>(
+        key_grad, value_grad, key_tile + consumer * kConsumerPanels * T::kKvPanelBytes,
+        value_tile + consumer * kConsumerPanels * T::kKvPanelBytes, warp_key, group, quad, scale);
+    fence_shared_for_async_proxy();
+    sync_threads(kScoresReadyBarrier, kConsumers * kWarpgroupThreads);
+    if (threadIdx.x == kWarpgroupThreads) {
+      for (int panel = 0; panel < T::kPanels; ++panel) {
+        copy_box_to_global(&grad_key_map, shared_address(key_tile + panel * T::kKvPanelBytes), panel * kPanelColumns,
+                           key_base, pair.kv_head);
+        copy_box_to_global(&grad_value_map, shared_address(value_tile + panel * T::kKvPanelBytes),
+                           panel * kPanelColumns, key_base, pair.kv_head);
+      }
+      commit_stores();
+      wait_stores_read();
+    }
   }
   cluster_sync();
 #else
@@ -1419,18 +1418,28 @@ Status launch(const BackwardArgs& args) {
   int* turns = reinterpret_cast<int*>(row_delta + layout.row_floats);
   const int head_rows = static_cast<int>(workspace_head_rows(problem));
 
+  // Tiles of Br query rows (Q, dO) and of a block's keys (K, V, and dK, dV, which the copy engine
+  // stores as it loads K and V).
+  const auto encode_query_tiles = [&](CUtensorMap& map, const void* base) {
+    return kernel::encode_matrix_stack(map, kBf16, base, problem.dim, problem.q_seq, problem.q_heads_total(),
+                                       kPanelColumns, T::kQueries);
+  };
+  const auto encode_key_tiles = [&](CUtensorMap& map, const void* base) {
+    return kernel::encode_matrix_stack(map, kBf16, base, problem.dim, problem.kv_seq, problem.kv_heads_total(),
+                                       kPanelColumns, T::kBlockKeys);
+  };
   CUtensorMap query_map{};
   CUtensorMap grad_out_map{};
   CUtensorMap key_map{};
   CUtensorMap value_map{};
-  FA_STATUS_TRY(kernel::encode_matrix_stack(query_map, kBf16, args.q, problem.dim, problem.q_seq,
-                                            problem.q_heads_total(), kPanelColumns, T::kQueries));
-  FA_STATUS_TRY(kernel::encode_matrix_stack(grad_out_map, kBf16, args.grad_o, problem.dim, problem.q_seq,
-                                            problem.q_heads_total(), kPanelColumns, T::kQueries));
-  FA_STATUS_TRY(kernel::encode_matrix_stack(key_map, kBf16, args.k, problem.dim, problem.kv_seq,
-                                            problem.kv_heads_total(), kPanelColumns, T::kBlockKeys));
-  FA_STATUS_TRY(kernel::encode_matrix_stack(value_map, kBf16, args.v, problem.dim, problem.kv_seq,
-                                            problem.kv_heads_total(), kPanelColumns, T::kBlockKeys));
+  CUtensorMap grad_key_map{};
+  CUtensorMap grad_value_map{};
+  FA_STATUS_TRY(encode_query_tiles(query_map, args.q));
+  FA_STATUS_TRY(encode_query_tiles(grad_out_map, args.grad_o));
+  FA_STATUS_TRY(encode_key_tiles(key_map, args.k));
+  FA_STATUS_TRY(encode_key_tiles(value_map, args.v));
+  FA_STATUS_TRY(encode_key_tiles(grad_key_map, args.grad_k));
+  FA_STATUS_TRY(encode_key_tiles(grad_value_map, args.grad_v));
 
   // A block per (key tile, K/V head); at D = 256 a cluster per (pair of key tiles, K/V head). At
   // D <= 128 the last wave's key tiles may be split (not in the deterministic mode, whose turns go
@@ -1492,19 +1501,11 @@ Status launch(const BackwardArgs& args) {
     const auto kernel = &wide_backward_kernel<Element, kDim, kDeterministic>;
     FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
     FA_CUDA_TRY(cudaLaunchKernelEx(
-        &backward_launch.config, kernel, query_map, grad_out_map, key_map, value_map, lse_log2, row_delta, grad_q_sum,
-        turns, static_cast<Element*>(args.grad_k), static_cast<Element*>(args.grad_v), static_cast<int>(problem.q_seq),
-        static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim), head_rows, static_cast<int>(key_tiles),
-        static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads),
+        &backward_launch.config, kernel, query_map, grad_out_map, key_map, value_map, grad_key_map, grad_value_map,
+        lse_log2, row_delta, grad_q_sum, turns, static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq),
+        head_rows, static_cast<int>(key_tiles), static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads),
         static_cast<int>(problem.kv_heads_total()), problem.causal, scale, scale * kernel::kLog2e));
   } else {
-    // dK and dV are stored by the copy engine, as tiles of K and V are loaded.
-    CUtensorMap grad_key_map{};
-    CUtensorMap grad_value_map{};
-    FA_STATUS_TRY(kernel::encode_matrix_stack(grad_key_map, kBf16, args.grad_k, problem.dim, problem.kv_seq,
-                                              problem.kv_heads_total(), kPanelColumns, T::kBlockKeys));
-    FA_STATUS_TRY(kernel::encode_matrix_stack(grad_value_map, kBf16, args.grad_v, problem.dim, problem.kv_seq,
-                                              problem.kv_heads_total(), kPanelColumns, T::kBlockKeys));
     const auto kernel = &backward_kernel<Element, kDim, kDeterministic>;
     FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
     FA_CUDA_TRY(cudaLaunchKernelEx(
