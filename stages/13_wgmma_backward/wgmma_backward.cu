@@ -25,8 +25,8 @@
 //
 // A step, for each consumer: Sᵀ and dPᵀ issued; exponentials while dPᵀ runs; dV issued; dSᵀ while dV
 // runs, stored for dQ; the consumers meet (barrier 1); dQ and dK issued; dQ's atomics while dK runs.
-// After the last step (D <= 128) dK and dV take K's and V's places in shared memory and the copy
-// engine stores them, as it loaded K and V; at D = 256 each thread stores its pairs.
+// After the last step dK and dV take K's and V's places in shared memory and the copy engine stores
+// them (TMA), as it loaded K and V.
 //
 // Head dims in three buckets (64: Br = 128 queries a step; 128: Br = 64; 256: 64 keys a block, dK
 // and dV split by dims between the consumers, two blocks a cluster that swap dSᵀ so that each adds
@@ -1302,8 +1302,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
 
     // dK = scale · Σ dSᵀ Q and dV for the consumer's dims, by the copy engine as at D <= 128: staged in
-    // K's and V's places once both consumers' last products are done (this block's K and V are
-    // read only here), one thread stores both tiles.
+    // K's and V's places once both consumers' last products are done (the partner block loaded its
+    // own copy of the K it reads), one thread stores both tiles.
     sync_threads(kScoresReadyBarrier, kConsumers * kWarpgroupThreads);
     constexpr int kConsumerPanels = T::kConsumerDims / kPanelColumns;
     stage_key_grads<Element, T::kConsumerDims, T::kKvPanelBytes>(
