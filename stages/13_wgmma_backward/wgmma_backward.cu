@@ -55,6 +55,7 @@
 #include "fa/kernel/tma.cuh"
 #include "fa/kernel/warp.cuh"
 #include "fa/kernel/wgmma.cuh"
+#include "fa/kernel/wgmma_epilogue.cuh"
 #include "fa/kernel/wgmma_walk.cuh"
 #include "fa/launch.hpp"
 #include "fa/problem.hpp"
@@ -877,13 +878,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_shared_for_async_proxy();
       sync_threads(kScoresReadyBarrier, kConsumers * kWarpgroupThreads);
       if (threadIdx.x == kWarpgroupThreads) {
-        for (int panel = 0; panel < T::kPanels; ++panel) {
-          copy_box_to_global(&grad_key_map, shared_address(key_tile + panel * T::kKvPanelBytes), panel * kPanelColumns,
-                             tile.key_base, tile.kv_head);
-          copy_box_to_global(&grad_value_map, shared_address(value_tile + panel * T::kKvPanelBytes),
-                             panel * kPanelColumns, tile.key_base, tile.kv_head);
-        }
-        commit_stores();
+        store_staged_rows<T::kPanels, T::kKvPanelBytes>(&grad_key_map, key_tile, 0, tile.key_base, tile.kv_head);
+        store_staged_rows<T::kPanels, T::kKvPanelBytes>(&grad_value_map, value_tile, 0, tile.key_base, tile.kv_head);
         wait_stores_read();
       }
     } else {
@@ -1312,13 +1308,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_shared_for_async_proxy();
     sync_threads(kScoresReadyBarrier, kConsumers * kWarpgroupThreads);
     if (threadIdx.x == kWarpgroupThreads) {
-      for (int panel = 0; panel < T::kPanels; ++panel) {
-        copy_box_to_global(&grad_key_map, shared_address(key_tile + panel * T::kKvPanelBytes), panel * kPanelColumns,
-                           key_base, pair.kv_head);
-        copy_box_to_global(&grad_value_map, shared_address(value_tile + panel * T::kKvPanelBytes),
-                           panel * kPanelColumns, key_base, pair.kv_head);
-      }
-      commit_stores();
+      store_staged_rows<T::kPanels, T::kKvPanelBytes>(&grad_key_map, key_tile, 0, key_base, pair.kv_head);
+      store_staged_rows<T::kPanels, T::kKvPanelBytes>(&grad_value_map, value_tile, 0, key_base, pair.kv_head);
       wait_stores_read();
     }
   }
