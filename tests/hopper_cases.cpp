@@ -10,15 +10,16 @@
 namespace fa::test {
 
 void hopper_buckets(StageFactories factories) {
-  // Buckets 64, 128 and 256 (Br = 192, 128, 128; Bc = 128, 128, 64). D a multiple of 8 below the
-  // bucket: TMA zero-fills the columns past D. N = 1 (one partial tile), 63, 128 (exactly one
-  // 128-key tile), 129, 193 and 333 (partial last tiles, query rows past N in the last block).
+  // Buckets 64, 128, 192 (stage 10's) and 256 (Br = 192, 128, 128, 128; Bc = 128, 128, 96, 64). D a
+  // multiple of 8 below the bucket: TMA zero-fills the columns past D. N = 1 (one partial tile), 63,
+  // 128 (exactly one 128-key tile), 129, 193 and 333 (partial last tiles, query rows past N in the
+  // last block).
   for (const auto factory : factories) {
     const StageDescriptor stage = factory();
     require_stage_runnable(stage);
     uint64_t seed = 900;
     for (const int64_t seq : {1, 63, 128, 129, 193, 333}) {
-      for (const int64_t dim : {8, 24, 64, 72, 96, 128, 136, 200, 256}) {
+      for (const int64_t dim : {8, 24, 64, 72, 96, 128, 136, 192, 200, 256}) {
         check_stage_on(stage, random_inputs(Problem::square(1, 2, seq, dim), seed++));
       }
     }
@@ -40,15 +41,15 @@ void hopper_padded_dims(StageFactories factories) {
 }
 
 void hopper_causal_buckets(StageFactories factories) {
-  // N around Br = 128 / 192 and Bc = 128 / 64: the diagonal tile whole (128, 192, 256), partial
-  // (65, 129, 193, 300) or the only one (1, 5, 63); B·H = 3 so heads interleave in the reversed
-  // grid. D = 100 takes the padded copies.
+  // N around Br = 128 / 192 and Bc = 128 / 96 / 64: the diagonal tile whole (128, 192, 256),
+  // partial (65, 129, 193, 300) or the only one (1, 5, 63); B·H = 3 so heads interleave in the
+  // reversed grid. D = 100 takes the padded copies.
   for (const auto factory : factories) {
     const StageDescriptor stage = factory();
     require_stage_runnable(stage);
     uint64_t seed = 940;
     for (const int64_t seq : {1, 5, 63, 65, 128, 129, 192, 193, 256, 300}) {
-      for (const int64_t dim : {40, 64, 100, 128, 256}) {
+      for (const int64_t dim : {40, 64, 100, 128, 160, 256}) {
         check_stage_on(stage, random_inputs(Problem::square(3, 1, seq, dim, true), seed++));
       }
     }
@@ -79,7 +80,7 @@ void hopper_general_buckets(StageFactories factories) {
     const StageDescriptor stage = factory();
     require_stage_runnable(stage);
     uint64_t seed = 960;
-    for (const int64_t dim : {64, 128, 256}) {
+    for (const int64_t dim : {64, 128, 192, 256}) {
       for (const Problem& base : {Problem{1, 8, 2, 200, 200, dim, false}, Problem{2, 2, 1, 150, 411, dim, false},
                                   Problem{1, 2, 2, 330, 70, dim, false}}) {
         for (const bool causal : {false, true}) {

@@ -82,7 +82,7 @@ constexpr int kSharedBytesPerBlock = 227 * 1024;  // H100/H200: the opt-in limit
 // Named barriers: 0 is __syncthreads, 1 + c the epilogue of consumer c, kTurnBarrier + c its turn.
 constexpr int kTurnBarrier = 4;
 
-// Everything that sizes the kernel of one head-dim bucket (64, 128 or 256). Change a constant and
+// Everything that sizes the kernel of one head-dim bucket (64, 128, 192 or 256). Change a constant and
 // the rest follows; the static_asserts say when a choice cannot work.
 template <int kDim>
 struct Tiling {
@@ -98,9 +98,9 @@ struct Tiling {
   // consumers (Br = 128), 128-key tiles, two stages (160 KB of shared memory); at D = 64 three
   // consumers (Br = 192) and three stages; at D = 256 the O accumulators take 128 registers a
   // thread, so S gets 64 keys (32 registers), and two stages of 64-key tiles beside the 64 KB Q
-  // tile fill 192 KB.
+  // tile fill 192 KB; at D = 192, O's 96 leave S 96 keys (48), the same 192 KB.
   static constexpr int kConsumers = kOverlap ? 2 : 3;
-  static constexpr int kKeys = kDim <= 128 ? 128 : 64;
+  static constexpr int kKeys = kDim <= 128 ? 128 : kDim <= 192 ? 96 : 64;
   static constexpr int kStages = kDim <= 64 ? 3 : 2;
   // setmaxnreg: the producer warpgroup gives back all but 24 registers a thread, the consumers take
   // the rest. At launch the block has 65536 / threads a thread (rounded down to a multiple of 8):
@@ -130,7 +130,7 @@ struct Tiling {
   static constexpr int kBaseBytes =
       kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes + kBarriers * 8 + kPieceSlotBytes;
   // O is staged for its TMA store in a tile of its own where that fits (D = 64 and 128): then the Q
-  // tile is free once the piece's last S = Q·Kᵀ has completed. At D = 256 (192 KB already) O is
+  // tile is free once the piece's last S = Q·Kᵀ has completed. At D = 192 and 256 (192 KB already) O is
   // staged in the Q tile, as in stage 09.
   static constexpr bool kOutTile = kBaseBytes + kQueryTileBytes <= kSharedBytesPerBlock;
   // A second Q tile where that fits too (D = 64 and 128): the next piece's Q lands while this piece
@@ -511,7 +511,7 @@ template <typename Element>
 Status forward(const ForwardArgs& args) {
   kernel::TmaInputs inputs;
   FA_STATUS_TRY(kernel::tma_inputs<Element>(args, "10_overlap", &inputs));
-  return dispatch_head_dim<64, 128, kernel::kTmaMaxDim>(
+  return dispatch_head_dim<64, 128, 192, kernel::kTmaMaxDim>(
       args.problem.dim, [&](auto bucket) { return launch<Element, decltype(bucket)::value>(args, inputs); });
 }
 

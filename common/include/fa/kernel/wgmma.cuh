@@ -124,9 +124,9 @@ __device__ __forceinline__ void fence_registers(unsigned (&registers)[kRows][kCo
 // are built once below from runs of 32 (FA_WGMMA_LIST_*) and 8 (FA_WGMMA_OPERANDS_8):
 // FA_WGMMA_REGISTERS_n, the PTX list {%0, ..., %n-1}, and FA_WGMMA_OPERANDS_n(c, d), which binds
 // d[0 .. n-1] to it with constraint c (FA_WGMMA_READ_WRITE, "+f", to accumulate; FA_WGMMA_WRITE,
-// "=f", to overwrite). The 16-bit products here use N = 64, 128, 256 (32, 64, 128 registers);
-// stage 14's 8-bit ones have the same accumulator layout and also N = 192 (96), so these lists stay
-// defined past this header, for fp8_wgmma.cuh.
+// "=f", to overwrite). The 16-bit products here use N = 64, 96, 128, 192, 256 (32 to 128
+// registers); stage 14's 8-bit ones have the same accumulator layout, so these lists stay defined
+// past this header, for fp8_wgmma.cuh.
 
 // clang-format off
 #define FA_WGMMA_LIST_0_31 \
@@ -141,7 +141,10 @@ __device__ __forceinline__ void fence_registers(unsigned (&registers)[kRows][kCo
 #define FA_WGMMA_LIST_96_127 \
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define FA_WGMMA_LIST_32_47 \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
 #define FA_WGMMA_REGISTERS_32 "{" FA_WGMMA_LIST_0_31 "}"
+#define FA_WGMMA_REGISTERS_48 "{" FA_WGMMA_LIST_0_31 ", " FA_WGMMA_LIST_32_47 "}"
 #define FA_WGMMA_REGISTERS_64 "{" FA_WGMMA_LIST_0_31 ", " FA_WGMMA_LIST_32_63 "}"
 #define FA_WGMMA_REGISTERS_96 "{" FA_WGMMA_LIST_0_31 ", " FA_WGMMA_LIST_32_63 ", " FA_WGMMA_LIST_64_95 "}"
 #define FA_WGMMA_REGISTERS_128 \
@@ -151,6 +154,8 @@ __device__ __forceinline__ void fence_registers(unsigned (&registers)[kRows][kCo
 #define FA_WGMMA_OPERANDS_32(c, d) \
   FA_WGMMA_OPERANDS_8(c, d, 0), FA_WGMMA_OPERANDS_8(c, d, 8), FA_WGMMA_OPERANDS_8(c, d, 16), \
   FA_WGMMA_OPERANDS_8(c, d, 24)
+#define FA_WGMMA_OPERANDS_48(c, d) \
+  FA_WGMMA_OPERANDS_32(c, d), FA_WGMMA_OPERANDS_8(c, d, 32), FA_WGMMA_OPERANDS_8(c, d, 40)
 #define FA_WGMMA_OPERANDS_64(c, d) \
   FA_WGMMA_OPERANDS_32(c, d), FA_WGMMA_OPERANDS_8(c, d, 32), FA_WGMMA_OPERANDS_8(c, d, 40), \
   FA_WGMMA_OPERANDS_8(c, d, 48), FA_WGMMA_OPERANDS_8(c, d, 56)
@@ -186,12 +191,17 @@ __device__ __forceinline__ void fence_registers(unsigned (&registers)[kRows][kCo
 // knows their old values are dead).
 template <typename Element, int N, bool kAccumulate>
 __device__ __forceinline__ void wgmma_shared(float (&d)[N / 2], uint64_t a_descriptor, uint64_t b_descriptor) {
-  static_assert(N == 64 || N == 128, "S = Q·Kᵀ uses 64 or 128 keys a tile");
+  static_assert(N == 64 || N == 96 || N == 128, "S = Q·Kᵀ uses 64, 96 or 128 keys a tile");
   if constexpr (N == 64 && kAccumulate) {
     FA_WGMMA_SHARED("m64n64k16", FA_WGMMA_REGISTERS_32, FA_WGMMA_OPERANDS_32(FA_WGMMA_READ_WRITE, d), "%32", "%33",
                     "%34")
   } else if constexpr (N == 64) {
     FA_WGMMA_SHARED("m64n64k16", FA_WGMMA_REGISTERS_32, FA_WGMMA_OPERANDS_32(FA_WGMMA_WRITE, d), "%32", "%33", "%34")
+  } else if constexpr (N == 96 && kAccumulate) {
+    FA_WGMMA_SHARED("m64n96k16", FA_WGMMA_REGISTERS_48, FA_WGMMA_OPERANDS_48(FA_WGMMA_READ_WRITE, d), "%48", "%49",
+                    "%50")
+  } else if constexpr (N == 96) {
+    FA_WGMMA_SHARED("m64n96k16", FA_WGMMA_REGISTERS_48, FA_WGMMA_OPERANDS_48(FA_WGMMA_WRITE, d), "%48", "%49", "%50")
   } else if constexpr (kAccumulate) {
     FA_WGMMA_SHARED("m64n128k16", FA_WGMMA_REGISTERS_64, FA_WGMMA_OPERANDS_64(FA_WGMMA_READ_WRITE, d), "%64", "%65",
                     "%66")
@@ -218,13 +228,16 @@ __device__ __forceinline__ void wgmma_shared(float (&d)[N / 2], uint64_t a_descr
 
 template <typename Element, int N>
 __device__ __forceinline__ void wgmma_registers(float (&d)[N / 2], const unsigned (&a)[4], uint64_t b_descriptor) {
-  static_assert(N == 64 || N == 128 || N == 256, "O += P·V covers a head-dim bucket: 64, 128 or 256");
+  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "O += P·V covers a head-dim bucket: 64, 128, 192 or 256");
   if constexpr (N == 64) {
     FA_WGMMA_REGISTER_A("m64n64k16", FA_WGMMA_REGISTERS_32, FA_WGMMA_OPERANDS_32(FA_WGMMA_READ_WRITE, d), "%32", "%33",
                         "%34", "%35", "%36")
   } else if constexpr (N == 128) {
     FA_WGMMA_REGISTER_A("m64n128k16", FA_WGMMA_REGISTERS_64, FA_WGMMA_OPERANDS_64(FA_WGMMA_READ_WRITE, d), "%64", "%65",
                         "%66", "%67", "%68")
+  } else if constexpr (N == 192) {
+    FA_WGMMA_REGISTER_A("m64n192k16", FA_WGMMA_REGISTERS_96, FA_WGMMA_OPERANDS_96(FA_WGMMA_READ_WRITE, d), "%96",
+                        "%97", "%98", "%99", "%100")
   } else {
     FA_WGMMA_REGISTER_A("m64n256k16", FA_WGMMA_REGISTERS_128, FA_WGMMA_OPERANDS_128(FA_WGMMA_READ_WRITE, d), "%128",
                         "%129", "%130", "%131", "%132")
