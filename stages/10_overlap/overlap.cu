@@ -26,8 +26,9 @@
 // the next piece: its K/V tiles fill the ring, and its Q lands in the other Q tile, while the
 // consumers still finish the last piece's P·V and write its O.
 //
-// Everything else (causal masking, grouped-query heads, Nq != Nk, any N, head dims 1 .. 256 in three
-// buckets with padded copies for D % 8 != 0, the log-sum-exp, the TMA store of O) is stage 09's;
+// Everything else (causal masking, grouped-query heads, Nq != Nk, any N, head dims 1 .. 256 in
+// buckets with padded copies for D % 8 != 0, the log-sum-exp, the TMA store of O) is stage 09's, with
+// one bucket more, at D = 192 (96-key tiles, which stage 09's registers have no need of: README);
 // `scripts/stage_diff 09 10` shows the two changes: the schedule and the persistent blocks.
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -130,8 +131,8 @@ struct Tiling {
   static constexpr int kBaseBytes =
       kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes + kBarriers * 8 + kPieceSlotBytes;
   // O is staged for its TMA store in a tile of its own where that fits (D = 64 and 128): then the Q
-  // tile is free once the piece's last S = Q·Kᵀ has completed. At D = 192 and 256 (192 KB already) O is
-  // staged in the Q tile, as in stage 09.
+  // tile is free once the piece's last S = Q·Kᵀ has completed. At D = 192 and 256 (192 KB already) O
+  // is staged in the Q tile, as in stage 09.
   static constexpr bool kOutTile = kBaseBytes + kQueryTileBytes <= kSharedBytesPerBlock;
   // A second Q tile where that fits too (D = 64 and 128): the next piece's Q lands while this piece
   // is computed (README, "Persistent blocks").
@@ -477,8 +478,8 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
   // where O has a tile of its own. Under the causal mask the pieces differ in weight, and a fixed
   // round-robin balances them worse than the hardware starting one block per piece on whichever SM
   // frees first (README, "Persistent blocks"): there the blocks take their pieces from a queue, a
-  // counter in the workspace zeroed here (without a workspace, one block per piece). At D = 256 the
-  // next Q has to wait for the epilogue anyway: one block per piece, and each loops once.
+  // counter in the workspace zeroed here (without a workspace, one block per piece). At D = 192 and
+  // 256 the next Q has to wait for the epilogue anyway: one block per piece, and each loops once.
   int* piece_counter = nullptr;
   if (T::kOutTile && problem.causal && args.workspace != nullptr) {
     piece_counter = reinterpret_cast<int*>(static_cast<unsigned char*>(args.workspace) + queue_offset(problem));

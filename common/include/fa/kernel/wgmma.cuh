@@ -236,8 +236,8 @@ __device__ __forceinline__ void wgmma_registers(float (&d)[N / 2], const unsigne
     FA_WGMMA_REGISTER_A("m64n128k16", FA_WGMMA_REGISTERS_64, FA_WGMMA_OPERANDS_64(FA_WGMMA_READ_WRITE, d), "%64", "%65",
                         "%66", "%67", "%68")
   } else if constexpr (N == 192) {
-    FA_WGMMA_REGISTER_A("m64n192k16", FA_WGMMA_REGISTERS_96, FA_WGMMA_OPERANDS_96(FA_WGMMA_READ_WRITE, d), "%96",
-                        "%97", "%98", "%99", "%100")
+    FA_WGMMA_REGISTER_A("m64n192k16", FA_WGMMA_REGISTERS_96, FA_WGMMA_OPERANDS_96(FA_WGMMA_READ_WRITE, d), "%96", "%97",
+                        "%98", "%99", "%100")
   } else {
     FA_WGMMA_REGISTER_A("m64n256k16", FA_WGMMA_REGISTERS_128, FA_WGMMA_OPERANDS_128(FA_WGMMA_READ_WRITE, d), "%128",
                         "%129", "%130", "%131", "%132")
