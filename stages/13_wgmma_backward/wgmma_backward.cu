@@ -47,6 +47,7 @@
 
 #include "fa/cuda_check.hpp"
 #include "fa/device.hpp"
+#include "fa/kernel/accumulator_softmax.cuh"
 #include "fa/kernel/convert.cuh"
 #include "fa/kernel/dependent_launch.cuh"
 #include "fa/kernel/exp2.cuh"

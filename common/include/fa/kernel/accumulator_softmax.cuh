@@ -3,11 +3,13 @@
 // same layout, warp by warp). Element 4j + e of a thread's array is row `group` (e < 2) or
 // `group + 8` (e >= 2), column 8j + 2·quad + e % 2, where group = lane / 4 and quad = lane % 4; the
 // four threads of a quad share the two rows. The running max m is kept in log2 units
-// (s · scale · log2 e), so each exponential is one exp2 on the special-function unit.
+// (s · scale · log2 e), so each exponential is one exp2 on the special-function unit; P, rounded to
+// 16-bit pairs, is the A operand of P·V where the scores were.
 #pragma once
 
 #include <cmath>
 
+#include "fa/kernel/convert.cuh"
 #include "fa/kernel/exp2.cuh"
 #include "fa/kernel/warp.cuh"
 
@@ -53,6 +55,22 @@ __device__ __forceinline__ void online_softmax(float (&scores)[4 * kTiles], floa
   for (int i = 0; i < 4 * kTiles; ++i) {
     scores[i] = fast_exp2(fmaf(scores[i], scale_log2, -row_max[i % 4 / 2]));
     row_sum[i % 4 / 2] += scores[i];
+  }
+}
+
+// P as the A operand of P·V in registers: score tiles 2j and 2j + 1 hold keys 16j .. 16j + 15 of
+// this thread's two rows, exactly where mma.m16n8k16's A fragment wants them (and wgmma's register
+// A, warp by warp): {top row keys 2·quad, +1}, {bottom row, same keys}, {top row, 8 keys on},
+// {bottom row, 8 on}.
+template <typename Element, int kKeySteps>
+__device__ __forceinline__ void pack_probabilities(const float (&scores)[8 * kKeySteps],
+                                                   unsigned (&probs)[kKeySteps][4]) {
+#pragma unroll
+  for (int j = 0; j < kKeySteps; ++j) {
+    probs[j][0] = pack_pair<Element>(scores[8 * j + 0], scores[8 * j + 1]);
+    probs[j][1] = pack_pair<Element>(scores[8 * j + 2], scores[8 * j + 3]);
+    probs[j][2] = pack_pair<Element>(scores[8 * j + 4], scores[8 * j + 5]);
+    probs[j][3] = pack_pair<Element>(scores[8 * j + 6], scores[8 * j + 7]);
   }
 }
 

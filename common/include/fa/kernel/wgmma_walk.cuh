@@ -1,14 +1,14 @@
 // Attention's two products on wgmma, over tiles in 128-byte-swizzled 64-column panels (taught in
 // stage 09's README: "The matrix descriptor", "The wgmma accumulator layout, and why it is also the
 // A layout of P·V", "The 128-byte swizzle, beside stage 08's XOR swizzle"): the tile geometry, the
-// descriptor walk of S = Q·Kᵀ and of O += P·V, and P packed as the register A operand. Stages 10 and
-// 12 (and every later Hopper stage) compose these; stage 09 writes P·V out once, as its lesson.
+// descriptor walk of S = Q·Kᵀ and of O += P·V (P packed as its register A operand:
+// accumulator_softmax.cuh). Stages 10 and 12 (and every later Hopper stage) compose these; stage 09
+// writes P·V out once, as its lesson.
 // sm_90a only (wgmma.cuh).
 #pragma once
 
 #include <cstdint>
 
-#include "fa/kernel/convert.cuh"
 #include "fa/kernel/mbarrier.cuh"
 #include "fa/kernel/swizzle.cuh"
 #include "fa/kernel/wgmma.cuh"
@@ -75,22 +75,6 @@ __device__ __forceinline__ void issue_values(float (&out)[kDim / 2], const unsig
     wgmma_registers<Element, kDim>(out, probs[j], advance_descriptor(value_descriptor, j * kMmaDepth * kPanelRowBytes));
   }
   wgmma_commit();
-}
-
-// P as the register A operand of P·V: score tiles 2j and 2j + 1 hold keys 16j .. 16j + 15 of this
-// thread's two rows, exactly where wgmma's register A fragment wants them (the layout of stage 08's
-// mma.m16n8k16 A, per warp): {top row keys 2·quad, +1}, {bottom row, same keys}, {top row, 8 keys
-// on}, {bottom row, 8 on}.
-template <typename Element, int kKeySteps>
-__device__ __forceinline__ void pack_probabilities(const float (&scores)[8 * kKeySteps],
-                                                   unsigned (&probs)[kKeySteps][4]) {
-#pragma unroll
-  for (int j = 0; j < kKeySteps; ++j) {
-    probs[j][0] = pack_pair<Element>(scores[8 * j + 0], scores[8 * j + 1]);
-    probs[j][1] = pack_pair<Element>(scores[8 * j + 2], scores[8 * j + 3]);
-    probs[j][2] = pack_pair<Element>(scores[8 * j + 4], scores[8 * j + 5]);
-    probs[j][3] = pack_pair<Element>(scores[8 * j + 6], scores[8 * j + 7]);
-  }
 }
 
 }  // namespace fa::kernel
