@@ -405,8 +405,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
     // Stage 08's online softmax on the fragments (split_kv_device.cuh): mask, row max, rescale l,
     // p = 2^(s · scale · log2 e − m) added into l, P packed as the A fragments of P·V.
     if (key_base + kWarpKeys > keys.unmasked) {
-      const int row_limits[2] = {key_limit(warp_first_row + group), key_limit(warp_first_row + group + 8)};
-      mask_scores<kScoreTiles>(scores, key_base, quad, [&](int half) { return row_limits[half]; });
+      mask_scores<kScoreTiles>(scores, key_base + 2 * quad, key_limit(warp_first_row + group),
+                               key_limit(warp_first_row + group + 8));
     }
     float rescale[2];
     online_softmax<kScoreTiles>(scores, row_max, row_sum, rescale, scale_log2);

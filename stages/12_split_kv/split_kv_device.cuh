@@ -105,12 +105,41 @@ __device__ __forceinline__ BlockKeys block_keys(const SplitBlock& work, int pack
   return keys;
 }
 
-// Stage 08's mask and online softmax on a tile of scores (keys a row does not see to -inf; the row
-// max over the four threads of each row, the rescale of O and l, p = 2^(s · scale · log2 e − m) in
-// place of s) and P packed as the A fragments of P·V: the kit's (accumulator_softmax.cuh).
-using kernel::mask_scores;
+// Scores of keys the row does not see become -inf: the causal mask, the keys past Nk of a partial
+// last tile (zero-filled: they must weigh nothing, so -inf, never 0). `first_key` is the key of
+// element 0 (the tile's first key of this thread's columns, + 2·quad); the rows' keys end below
+// top_limit and bottom_limit.
+template <int kTiles>
+__device__ __forceinline__ void mask_scores(float (&scores)[4 * kTiles], int first_key, int top_limit,
+                                            int bottom_limit) {
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (first_key + j * kAccumulatorColumns + e % 2 >= (e < 2 ? top_limit : bottom_limit)) {
+        scores[4 * j + e] = -INFINITY;
+      }
+    }
+  }
+}
+
+// Stage 08's online softmax on a tile of scores (the row max over the four threads of each row,
+// the rescale of O and l, p = 2^(s · scale · log2 e − m) in place of s): the kit's.
 using kernel::online_softmax;
-using kernel::pack_probabilities;
+
+// P as the A fragments of P·V: score tiles 2j and 2j + 1 hold keys 16j .. 16j + 15 of this thread's
+// two rows, where mma.m16n8k16's A (and wgmma's register A) wants them: {top row, keys 2·quad and
+// +1}, {bottom row, the same}, {top row, 8 keys on}, {bottom row, 8 keys on}.
+template <typename Element, int kKeySteps>
+__device__ __forceinline__ void pack_probabilities(const float (&scores)[8 * kKeySteps],
+                                                   unsigned (&probs)[kKeySteps][4]) {
+#pragma unroll
+  for (int j = 0; j < kKeySteps; ++j) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      probs[j][i] = kernel::pack_pair<Element>(scores[8 * j + 2 * i], scores[8 * j + 2 * i + 1]);
+  }
+}
 
 // The whole l of each row: the four threads of the row add their shares (all of them, before any
 // leaves for a padding row).

@@ -190,8 +190,8 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
   const auto softmax = [&](int tile, float(&rescale)[2]) {
     const int key_base = keys.begin + tile * T::kKeys;
     if (key_base + T::kKeys > keys.unmasked) {
-      const int row_limits[2] = {key_limit(warp_first_row + group), key_limit(warp_first_row + group + 8)};
-      mask_scores<kScoreTiles>(scores, key_base, quad, [&](int half) { return row_limits[half]; });
+      mask_scores<kScoreTiles>(scores, key_base + 2 * quad, key_limit(warp_first_row + group),
+                               key_limit(warp_first_row + group + 8));
     }
     online_softmax<kScoreTiles>(scores, row_max, row_sum, rescale, scale_log2);
   };
@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
     wgmma_wait<0>();
     fence_registers(scores);
     softmax(0, rescale);  // O is still zero: nothing to rescale
-    pack_probabilities<Element>(scores, probs);
+    kernel::pack_probabilities<Element>(scores, probs);
   }
 #pragma unroll 1
   for (int tile = 1; tile < keys.tiles; ++tile) {
@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
     fence_registers(probs);
 #pragma unroll
     for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
-    pack_probabilities<Element>(scores, probs);
+    kernel::pack_probabilities<Element>(scores, probs);
   }
   if (keys.tiles > 0) {
     issue_values(keys.tiles - 1);
