@@ -28,7 +28,7 @@
 //
 // Everything else (causal masking, grouped-query heads, Nq != Nk, any N, head dims 1 .. 256 in
 // buckets with padded copies for D % 8 != 0, the log-sum-exp, the TMA store of O) is stage 09's, with
-// one bucket more, at D = 192 (96-key tiles, which stage 09's registers have no need of: README);
+// one bucket more: D = 192, which stage 09 pads to 256 (README, "What it costs: registers");
 // `scripts/stage_diff 09 10` shows the two changes: the schedule and the persistent blocks.
 #include <cuda.h>
 #include <cuda_bf16.h>
