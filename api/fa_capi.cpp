@@ -30,6 +30,7 @@
 
 #include "fa/cli.hpp"
 #include "fa/cuda_check.hpp"
+#include "fa/deterministic.hpp"
 #include "fa/device.hpp"
 #include "fa/metrics.hpp"
 #include "fa/problem.hpp"
@@ -51,9 +52,10 @@ static_assert(sizeof(fa_forward_args) == FA_FORWARD_ARGS_SIZE_V2, "fa_forward_ar
 static_assert(offsetof(fa_forward_args, problem) == 8 && offsetof(fa_forward_args, lse) == 48 &&
                   offsetof(fa_forward_args, stream) == 64,
               "fa_forward_args changed layout");
-static_assert(sizeof(fa_backward_args) == FA_BACKWARD_ARGS_SIZE_V2, "fa_backward_args changed size");
+static_assert(sizeof(fa_backward_args) == FA_BACKWARD_ARGS_SIZE_V4, "fa_backward_args changed size");
 static_assert(offsetof(fa_backward_args, problem) == 8 && offsetof(fa_backward_args, lse) == 56 &&
-                  offsetof(fa_backward_args, stream) == 96,
+                  offsetof(fa_backward_args, stream) == 96 &&
+                  offsetof(fa_backward_args, deterministic) == FA_BACKWARD_ARGS_SIZE_V2,
               "fa_backward_args changed layout");
 static_assert(sizeof(fa_fp8_quantize_args) == FA_FP8_QUANTIZE_ARGS_SIZE_V3, "fa_fp8_quantize_args changed size");
 static_assert(offsetof(fa_fp8_quantize_args, dtype) == 16 && offsetof(fa_fp8_quantize_args, q) == 24 &&
@@ -66,7 +68,7 @@ static_assert(offsetof(fa_fp8_forward_args, qk_dim) == 24 && offsetof(fa_fp8_for
 
 namespace {
 
-constexpr int kAbiVersion = 3;
+constexpr int kAbiVersion = 4;
 
 // A struct size beyond this is not a newer header's struct but an unset `size` field; reading
 // that many bytes of the caller's memory could fault.
@@ -378,6 +380,10 @@ int backward_v2(const char* call, const char* stage_id, const fa_backward_args* 
   const fa::StageDescriptor& stage = entry->stage;
   fa_backward_args raw;
   if ((status = read_struct(call, "args", raw_args, FA_BACKWARD_ARGS_SIZE_V2, raw)) != FA_OK) return status;
+  if (raw.deterministic != 0 && raw.deterministic != 1) {
+    return fail(FA_INVALID_ARGUMENT, std::string(call) + ": args->deterministic is " +
+                                         std::to_string(raw.deterministic) + "; it must be 0 or 1");
+  }
   fa::BackwardArgs args;
   if ((status = read_problem(call, raw.problem, args.problem)) != FA_OK) return status;
   if ((status = check_problem(stage, args.problem, false, fa::Pass::backward)) != FA_OK) return status;
@@ -404,6 +410,7 @@ int backward_v2(const char* call, const char* stage_id, const fa_backward_args* 
   args.grad_v = raw.grad_v;
   args.workspace = raw.workspace;
   args.stream = static_cast<cudaStream_t>(raw.stream);
+  const fa::DeterministicBackward mode(raw.deterministic == 1);
   return finish(stage, "backward", stage.backward(args));
 }
 

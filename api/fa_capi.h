@@ -23,16 +23,18 @@
  *
  * ABI versions. Version 1 (fa_forward, fa_workspace_bytes) takes the square (B, H, N, D) problem
  * as plain arguments; it stays, as thin wrappers over version 2. Version 2 takes size-prefixed
- * structs. Version 3 (fa_abi_version() == 3) adds the FP8 forward pass (fa_fp8_*, at the end), and
- * changes nothing of version 2. The layouts are natural alignment on a 64-bit platform (LP64, the
+ * structs. Version 3 adds the FP8 forward pass (fa_fp8_*, at the end), and changes nothing of
+ * version 2. Version 4 (fa_abi_version() == 4) adds fa_backward_args.deterministic, past the end of
+ * the version-2 struct. The layouts are natural alignment on a 64-bit platform (LP64, the
  * only kind CUDA supports); the struct declarations below are the layout, in this order:
  *
  *   fa_problem        64 bytes: size @0, batch @8, q_heads @16, kv_heads @24, q_seq @32,
  *                     kv_seq @40, dim @48, causal @56 (int32), 4 bytes of padding
  *   fa_forward_args   72 bytes: size @0, problem @8, q @16, k @24, v @32, o @40, lse @48,
  *                     workspace @56, stream @64
- *   fa_backward_args 104 bytes: size @0, problem @8, q @16, k @24, v @32, o @40, grad_o @48,
- *                     lse @56, grad_q @64, grad_k @72, grad_v @80, workspace @88, stream @96
+ *   fa_backward_args 112 bytes: size @0, problem @8, q @16, k @24, v @32, o @40, grad_o @48,
+ *                     lse @56, grad_q @64, grad_k @72, grad_v @80, workspace @88, stream @96,
+ *                     deterministic @104 (int32), 4 bytes of padding
  *   fa_fp8_quantize_args 112 bytes: size @0, problem @8, dtype @16, rotate @20, q @24, k @32, v @40,
  *                     q_fp8 @48, k_fp8 @56, v_fp8 @64, q_descale @72, k_descale @80, v_descale @88,
  *                     workspace @96, stream @104
@@ -131,12 +133,17 @@ typedef struct fa_backward_args {
   void* grad_v;     /* shaped like v */
   void* workspace;  /* fa_workspace_bytes_v2(..., FA_PASS_BACKWARD) bytes; may be NULL when that is 0 */
   void* stream;
+  /* Version 4. 1: dQ bitwise the same from run to run (stages 11 and 13 order its additions, at a
+   * price their READMEs measure); 0 (a version-2 caller's size stops before it): the fastest order.
+   * Other values are refused. */
+  int32_t deterministic;
 } fa_backward_args;
 
 /* The version-2 sizes: the smallest `size` each struct may carry (LP64). */
 #define FA_PROBLEM_SIZE_V2 64u
 #define FA_FORWARD_ARGS_SIZE_V2 72u
 #define FA_BACKWARD_ARGS_SIZE_V2 104u
+#define FA_BACKWARD_ARGS_SIZE_V4 112u /* with `deterministic` */
 
 /* Zero the struct and set its size: call these first, then fill in the fields. Inline, so they
  * exist only for C and C++ callers; FFI callers zero their struct and set size themselves. */
@@ -165,7 +172,7 @@ enum fa_feature {
   FA_FEATURE_BACKWARD = 1 << 4     /* fa_backward_v2 */
 };
 
-/* 3 for this header's library. */
+/* 4 for this header's library. */
 FA_CAPI_EXPORT int fa_abi_version(void);
 
 /* Bytes of workspace `pass` (an fa_pass) needs for this problem (0: none), or -1 when the stage is

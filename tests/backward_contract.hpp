@@ -1,13 +1,13 @@
 // What the backward stages' tests share (stages 11 and 13): one backward call through the runner
-// checked against the double reference's gradients, the general shapes, and FA_DETERMINISTIC set
-// for one test case.
+// checked against the double reference's gradients, the general shapes, and the deterministic
+// mode (fa/deterministic.hpp) for one test case.
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 #include <vector>
 
 #include "catch_compat.hpp"
+#include "fa/deterministic.hpp"
 #include "fa/inputs.hpp"
 #include "fa/metrics.hpp"
 #include "fa/problem.hpp"
@@ -56,12 +56,9 @@ inline std::vector<Problem> general_problems(int64_t dim) {
   return problems;
 }
 
-// FA_DETERMINISTIC=1 for the life of the object: the backward stages order dQ's additions.
-struct DeterministicMode {
-  DeterministicMode() { ::setenv("FA_DETERMINISTIC", "1", 1); }
-  ~DeterministicMode() { ::unsetenv("FA_DETERMINISTIC"); }
-  DeterministicMode(const DeterministicMode&) = delete;
-  DeterministicMode& operator=(const DeterministicMode&) = delete;
+// The deterministic mode for the life of the object: the backward stages order dQ's additions.
+struct DeterministicMode : DeterministicBackward {
+  DeterministicMode() : DeterministicBackward(true) {}
 };
 
 }  // namespace fa::test

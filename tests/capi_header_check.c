@@ -18,14 +18,15 @@ FA_CHECK(forward_args_layout, offsetof(fa_forward_args, problem) == 8 && offseto
                                   offsetof(fa_forward_args, o) == 40 && offsetof(fa_forward_args, lse) == 48 &&
                                   offsetof(fa_forward_args, workspace) == 56 &&
                                   offsetof(fa_forward_args, stream) == 64);
-FA_CHECK(backward_args_size, sizeof(fa_backward_args) == FA_BACKWARD_ARGS_SIZE_V2);
+FA_CHECK(backward_args_size, sizeof(fa_backward_args) == FA_BACKWARD_ARGS_SIZE_V4);
 FA_CHECK(backward_args_layout,
          offsetof(fa_backward_args, problem) == 8 && offsetof(fa_backward_args, q) == 16 &&
              offsetof(fa_backward_args, k) == 24 && offsetof(fa_backward_args, v) == 32 &&
              offsetof(fa_backward_args, o) == 40 && offsetof(fa_backward_args, grad_o) == 48 &&
              offsetof(fa_backward_args, lse) == 56 && offsetof(fa_backward_args, grad_q) == 64 &&
              offsetof(fa_backward_args, grad_k) == 72 && offsetof(fa_backward_args, grad_v) == 80 &&
-             offsetof(fa_backward_args, workspace) == 88 && offsetof(fa_backward_args, stream) == 96);
+             offsetof(fa_backward_args, workspace) == 88 && offsetof(fa_backward_args, stream) == 96 &&
+             offsetof(fa_backward_args, deterministic) == FA_BACKWARD_ARGS_SIZE_V2);
 
 /* Every call, as a C caller writes it (not linked: -fsyntax-only). */
 int fa_header_check(const void* q, const void* k, const void* v, void* o, float* lse, void* stream);
@@ -56,10 +57,11 @@ int fa_header_check(const void* q, const void* k, const void* v, void* o, float*
   status = (enum fa_status)fa_forward_v2("08_mma_registers", &args);
   fa_init_backward_args(&backward);
   backward.problem = &problem;
+  backward.deterministic = 1;
   if (fa_backward_v2("08_mma_registers", &backward) != FA_UNSUPPORTED) return 1;
   if ((fa_stage_features("01_cpu") & (FA_FEATURE_GROUPED | FA_FEATURE_BACKWARD)) == 0) return 2;
   if (fa_stage_architecture("01_cpu") == NULL || fa_stage_kv_passes("01_cpu") < 0.0) return 3;
-  if (fa_abi_version() != 2 || zeroed.size != 0) return 4;
+  if (fa_abi_version() != 4 || zeroed.size != 0) return 4;
   if (fa_workspace_bytes("04_online_softmax", 1, 16, 4096, 128, 0) != bytes) return 5;
   if (fa_forward("04_online_softmax", 1, 16, 4096, 128, 0, q, k, v, o, NULL, stream) != FA_OK) return 6;
   if (fa_stage_count() < 1 || fa_stage_id(0) == NULL || fa_stage_title("01_cpu") == NULL) return 7;

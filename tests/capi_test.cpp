@@ -135,11 +135,11 @@ struct Newer {
 
 }  // namespace
 
-TEST_CASE("capi: the ABI version is 3 and the layouts are the header's") {
-  CHECK(fa_abi_version() == 3);
+TEST_CASE("capi: the ABI version is 4 and the layouts are the header's") {
+  CHECK(fa_abi_version() == 4);
   CHECK(sizeof(fa_problem) == FA_PROBLEM_SIZE_V2);
   CHECK(sizeof(fa_forward_args) == FA_FORWARD_ARGS_SIZE_V2);
-  CHECK(sizeof(fa_backward_args) == FA_BACKWARD_ARGS_SIZE_V2);
+  CHECK(sizeof(fa_backward_args) == FA_BACKWARD_ARGS_SIZE_V4);
   CHECK(sizeof(fa_fp8_quantize_args) == FA_FP8_QUANTIZE_ARGS_SIZE_V3);
   CHECK(sizeof(fa_fp8_forward_args) == FA_FP8_FORWARD_ARGS_SIZE_V3);
   fa_backward_args args;
@@ -403,6 +403,52 @@ TEST_CASE("capi: the backward pass is refused by a stage without one") {
   CHECK(fa_backward_v2("01_cpu", nullptr) == FA_INVALID_ARGUMENT);
   args.size = 16;
   CHECK(fa_backward_v2("01_cpu", &args) == FA_INVALID_ARGUMENT);
+}
+
+TEST_CASE("capi: the backward pass takes `deterministic` 0 or 1, and a version-2 struct without it") {
+  // On stage 11's CPU descriptor, whose backward is the same in either mode: the field is read,
+  // checked and passed on (fa/deterministic.hpp); the GPU tests check what each stage does with it.
+  const char* id = "11_backward/fp32";
+  if (fa_stage_features(id) < 0) {
+    SUCCEED("stage 11 is not part of this build (FA_ONLY_STAGES)");
+    return;
+  }
+  const fa_problem problem = make_problem(1, 2, 1, 9, 13, 8, false);
+  HostCall call(problem, 2024);
+  REQUIRE(fa_forward_v2(id, &call.args) == FA_OK);
+  const std::vector<float> grad_o = fa::random_output_gradient(to_problem(problem), 2024);
+  const int64_t workspace_bytes = fa_workspace_bytes_v2(id, &problem, FA_PASS_BACKWARD);
+  REQUIRE(workspace_bytes >= 0);
+  std::vector<float> workspace(static_cast<std::size_t>(workspace_bytes) / sizeof(float) + 1);
+  const auto gradients = [&](uint32_t size, int32_t deterministic, int expected_status) {
+    std::vector<float> grads(call.inputs.q.size() + 2 * call.inputs.k.size(), NAN);
+    fa_backward_args args;
+    fa_init_backward_args(&args);
+    args.size = size;
+    args.problem = &problem;
+    args.q = call.inputs.q.data();
+    args.k = call.inputs.k.data();
+    args.v = call.inputs.v.data();
+    args.o = call.o.data();
+    args.grad_o = grad_o.data();
+    args.lse = call.lse.data();
+    args.grad_q = grads.data();
+    args.grad_k = grads.data() + call.inputs.q.size();
+    args.grad_v = grads.data() + call.inputs.q.size() + call.inputs.k.size();
+    args.workspace = workspace.data();
+    args.deterministic = deterministic;
+    INFO("size " << size << ", deterministic " << deterministic);
+    CHECK(fa_backward_v2(id, &args) == expected_status);
+    return grads;
+  };
+  const std::vector<float> fastest = gradients(FA_BACKWARD_ARGS_SIZE_V4, 0, FA_OK);
+  const std::vector<float> deterministic = gradients(FA_BACKWARD_ARGS_SIZE_V4, 1, FA_OK);
+  CHECK(std::memcmp(fastest.data(), deterministic.data(), fastest.size() * sizeof(float)) == 0);
+  gradients(FA_BACKWARD_ARGS_SIZE_V4, 2, FA_INVALID_ARGUMENT);
+  CHECK(last_error() == "fa_backward_v2: args->deterministic is 2; it must be 0 or 1");
+  // A version-2 caller's struct ends before the field: whatever lies there is not read.
+  const std::vector<float> version2 = gradients(FA_BACKWARD_ARGS_SIZE_V2, 2, FA_OK);
+  CHECK(std::memcmp(fastest.data(), version2.data(), fastest.size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("capi: bad calls return a status and a message") {

@@ -210,7 +210,7 @@ TEST_CASE("stage11: the mma.sync backward takes grouped-query heads and Nq != Nk
   }
 }
 
-TEST_CASE("stage11: with FA_DETERMINISTIC=1 the mma.sync backward's dQ pass matches the reference") {
+TEST_CASE("stage11: in the deterministic mode the mma.sync backward's dQ pass matches the reference") {
   // dQ from grad_query_kernel (query tiles own it) instead of atomics: every bucket, odd dims,
   // causal with blind rows, grouped-query heads.
   const fa::test::DeterministicMode deterministic;

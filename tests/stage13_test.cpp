@@ -323,7 +323,7 @@ TEST_CASE("stage13: the wgmma backward stays correct with logits of magnitude 1e
   }
 }
 
-TEST_CASE("stage13: with FA_DETERMINISTIC=1 dQ's additions go in key order and match the reference") {
+TEST_CASE("stage13: in the deterministic mode dQ's additions go in key order and match the reference") {
   const DeterministicMode deterministic;
   for (const auto factory : kStages) {
     const fa::StageDescriptor stage = factory();
@@ -337,7 +337,7 @@ TEST_CASE("stage13: with FA_DETERMINISTIC=1 dQ's additions go in key order and m
   }
 }
 
-TEST_CASE("stage13: with FA_DETERMINISTIC=1 two calls give the same bits") {
+TEST_CASE("stage13: in the deterministic mode two calls give the same bits") {
   // Many key tiles add to every dQ tile (Nk = 2048: 16 of 128 keys, 32 of 64), where the atomics' order varies
   // from run to run; in key order the sums are the same bits every time.
   const DeterministicMode deterministic;

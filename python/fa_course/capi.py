@@ -71,8 +71,6 @@ FEATURES = {"causal": FA_FEATURE_CAUSAL, "grouped": FA_FEATURE_GROUPED, "rectang
             "lse": FA_FEATURE_LSE, "backward": FA_FEATURE_BACKWARD}
 
 ENV_LIBRARY = "FA_CAPI_LIB"
-# how stage 11's backward pass learns that dQ must be deterministic (Library.run_backward)
-DETERMINISTIC_VARIABLE = "FA_DETERMINISTIC"
 LIBRARY_NAME = "libfa_capi.so"
 
 # ---- the version 2 structs (field for field as in fa_capi.h; tests/python checks the order) -----
@@ -125,6 +123,7 @@ class FaBackwardArgs(ctypes.Structure):
         ("grad_v", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p),
         ("stream", ctypes.c_void_p),
+        ("deterministic", ctypes.c_int32),  # ABI version 4
     ]
 
 
@@ -406,8 +405,6 @@ class Library:
             raise LibraryNotFoundError(f"{self.path} reports ABI version {self.abi_version} but lacks "
                                        f"{', '.join(v3_missing)}")
         self._stages: Optional[List[Stage]] = None
-        self._backward_lock = threading.Lock()
-        self._deterministic: Optional[bool] = None  # what FA_DETERMINISTIC was last set to
 
     def __repr__(self):
         return f"Library({self.path!r}, abi_version={self.abi_version})"
@@ -547,8 +544,9 @@ class Library:
     def backward(self, stage_id: str, problem, q, k, v, o, grad_o, lse, grad_q, grad_k, grad_v,
                  causal: Optional[bool] = None, stream=None, workspace=None, deterministic: bool = False) -> None:
         """dQ, dK, dV from Q, K, V, O, dO and the forward's LSE (stages with the backward feature).
-        `deterministic`: dQ bitwise the same from run to run (stage 11's dQ pass instead of FP32
-        atomics in no fixed order; its README says what it costs)."""
+        `deterministic`: dQ bitwise the same from run to run (fa_backward_args.deterministic: stages
+        11 and 13 add dQ's parts in a fixed order instead of FP32 atomics in no fixed order; their
+        READMEs say what it costs)."""
         problem = Problem.of(problem, causal)
         if self.abi_version < 2:
             self._require_v1(stage_id, problem, pass_="bwd")
@@ -571,15 +569,13 @@ class Library:
 
     def run_backward(self, stage_id: bytes, problem_pointer, q, k, v, o, grad_o, lse, grad_q, grad_k, grad_v,
                      workspace, stream, deterministic: bool) -> None:
+        if deterministic and self.abi_version < 4:
+            raise FaError(FA_UNSUPPORTED, f"{self.path} has C ABI version {self.abi_version}, without the "
+                                          f"deterministic backward pass (version 4): rebuild it",
+                          stage_id.decode(), "fa_backward")
         args = FaBackwardArgs(_BACKWARD_ARGS_SIZE, problem_pointer, q, k, v, o, grad_o, lse, grad_q, grad_k,
-                              grad_v, workspace, stream)
-        # Stage 11 reads the choice from FA_DETERMINISTIC at each call (fa_backward_args has no field
-        # for it yet); it is set here, under a lock, so that the call sees this call's choice.
-        with self._backward_lock:
-            if deterministic != self._deterministic:
-                os.environ[DETERMINISTIC_VARIABLE] = "1" if deterministic else "0"
-                self._deterministic = deterministic
-            status = self._lib.fa_backward_v2(stage_id, args)
+                              grad_v, workspace, stream, int(deterministic))
+        status = self._lib.fa_backward_v2(stage_id, args)
         if status != FA_OK:
             raise FaError(status, self.last_error(), stage_id.decode(), "fa_backward")
 

@@ -27,9 +27,9 @@
 // warp's atomic covers whole lines of L2), and a last kernel scales it and rounds it to the
 // element type. Atomic adds in FP32 land in whatever order the blocks reach them, so
 // this dQ is not bitwise deterministic from run to run (dK and dV are: one block sums each in a
-// fixed order). With FA_DETERMINISTIC=1 a pass of its own makes dQ instead (grad_query_kernel,
-// below: query tiles own dQ and re-walk the keys), the same bits every run, at a price the README
-// measures. Before the main kernel, a preprocessing kernel computes D_i = rowsum(dO ∘ O).
+// fixed order). In the deterministic mode (fa/deterministic.hpp) a pass of its own makes dQ
+// instead (grad_query_kernel, below: query tiles own dQ and re-walk the keys), the same bits every
+// run, at a price the README measures. Before the main kernel, a preprocessing kernel computes D_i = rowsum(dO ∘ O).
 //
 // The Q, dO, K and V tiles are stored swizzled, as stage 08 stores them: rows stay whole 128-byte
 // lines of shared memory, which the cp.async copies fill in the fewest writes. (Rows padded by 16
@@ -43,12 +43,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "fa/causal.hpp"
 #include "fa/cuda_check.hpp"
+#include "fa/deterministic.hpp"
 #include "fa/kernel/convert.cuh"
 #include "fa/kernel/cp_async.cuh"
 #include "fa/kernel/exp2.cuh"
@@ -1029,13 +1028,6 @@ Status launch(const BackwardArgs& args) {
   return Status();
 }
 
-// FA_DETERMINISTIC=1 in the environment: dQ by the dQ pass, bitwise the same from run to run
-// (README: what it costs); otherwise by atomics. Read at every call, as PyTorch's op sets it.
-bool deterministic_grad_query() {
-  const char* value = std::getenv("FA_DETERMINISTIC");
-  return value != nullptr && std::string_view(value) == "1";
-}
-
 // The warp count of a bucket: eight where their block fits this GPU's shared memory, else four.
 template <typename Element, int kDim, bool kAsync>
 Status launch_bucket(const BackwardArgs& args, bool atomics) {
@@ -1068,7 +1060,9 @@ Status backward(const BackwardArgs& args) {
   // cp.async and the paired dK/dV stores need rows of whole, aligned 16-byte chunks.
   const bool async_copies = args.problem.dim % kChunkElements == 0 &&
                             all_aligned16({args.q, args.k, args.v, args.grad_o, args.grad_k, args.grad_v});
-  const bool atomics = !deterministic_grad_query();
+  // The deterministic mode (fa/deterministic.hpp): dQ by the dQ pass, bitwise the same from run to run
+  // (README: what it costs); otherwise by atomics.
+  const bool atomics = !deterministic_backward();
   return dispatch_bucket(args.problem.dim, [&](auto bucket) {
     constexpr int kBucket = decltype(bucket)::value;
     return async_copies ? launch_bucket<Element, kBucket, true>(args, atomics)

@@ -20,8 +20,8 @@
 // once; each warpgroup then multiplies half of dQ (64 of its dims at D = 128, 64 of its queries at
 // D = 64) and adds it to an FP32 workspace in global memory by 16-byte atomic adds straight from its
 // accumulators (the add done in L2). A last kernel scales that sum and rounds it to the element
-// type; a first one computes D_i = rowsum(dO ∘ O) and clears the sum. With FA_DETERMINISTIC=1 the
-// parts are added key tile after key tile (turns).
+// type; a first one computes D_i = rowsum(dO ∘ O) and clears the sum. In the deterministic mode
+// (fa/deterministic.hpp) the parts are added key tile after key tile (turns).
 //
 // A step, for each consumer: Sᵀ and dPᵀ issued; exponentials while dPᵀ runs; dV issued; dSᵀ while dV
 // runs, stored for dQ; the consumers meet (barrier 1); dQ and dK issued; dQ's atomics while dK runs.
@@ -41,11 +41,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "fa/cuda_check.hpp"
+#include "fa/deterministic.hpp"
 #include "fa/device.hpp"
 #include "fa/kernel/accumulator_softmax.cuh"
 #include "fa/kernel/convert.cuh"
@@ -1532,12 +1531,6 @@ Status launch(const BackwardArgs& args) {
   return Status();
 }
 
-// FA_DETERMINISTIC=1 in the environment: dQ's additions in key order (README: what it costs).
-bool deterministic_grad_query() {
-  const char* value = std::getenv("FA_DETERMINISTIC");
-  return value != nullptr && std::string_view(value) == "1";
-}
-
 // The runner has checked the problem and the GPU (exactly sm_90) against the descriptor.
 template <typename Element>
 Status backward(const BackwardArgs& args) {
@@ -1553,7 +1546,8 @@ Status backward(const BackwardArgs& args) {
                                                          args.grad_k, args.grad_v, args.workspace})) {
     return fallback_stage<Element>().backward(args);
   }
-  const bool deterministic = deterministic_grad_query();
+  // The deterministic mode (fa/deterministic.hpp): dQ's additions in key order (README: what it costs).
+  const bool deterministic = deterministic_backward();
   const auto with_bucket = [&](auto bucket) {
     constexpr int kDim = decltype(bucket)::value;
     return deterministic ? launch<Element, kDim, true>(args) : launch<Element, kDim, false>(args);

@@ -7,7 +7,8 @@ A stage's hash covers what decides its rows, and nothing else:
     (target_link_libraries(... fa_stage_<ID>)), and everything they include from the tree,
     transitively (every #include "..."/<...> that resolves to a file of the stage folders or of
     common/include, whatever #if surrounds it: a superset of what the compiler reads); for each
-    common/include/fa/X header in that closure, common/src/X.cpp and its own closure;
+    common/include/fa/X header in that closure, common/src/X.cpp and its own closure; and what
+    the generated main of its executable (STAGE_MAIN) includes;
   - the CMake files and presets that set its flags (FLAG_FILES, the stages' CMakeLists.txt);
   - the nvcc version (given, else `nvcc --version` of $CUDACXX, PATH or /usr/local/cuda);
   - the method hashes of the code that times and checks (METHODS): "cpp" (the C++ runner, timing,
@@ -293,8 +294,9 @@ LINK_CALL = re.compile(r"target_link_libraries\s*\(([^)]*)\)")
 STAGE_LIBRARY = re.compile(r"^fa_stage_([0-9][0-9]_\w+)$")
 INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.MULTILINE)
 # The CMake files and presets that set a stage's flags (besides the stages' own CMakeLists.txt).
+STAGE_MAIN = "cmake/stage_main.cpp.in"  # every stage executable's main (cmake/Stage.cmake)
 FLAG_FILES = ("CMakeLists.txt", "CMakePresets.json", "cmake/CudaArchitectures.cmake", "cmake/Warnings.cmake",
-              "cmake/Stage.cmake", "cmake/stage_main.cpp.in", "common/CMakeLists.txt", "stages/CMakeLists.txt")
+              "cmake/Stage.cmake", STAGE_MAIN, "common/CMakeLists.txt", "stages/CMakeLists.txt")
 # Headers the build generates, by the file they are made from (fa_source_hash.h is the hash itself).
 GENERATED = {"fa/stages.hpp": "stages/stages.hpp.in", "fa_source_hash.h": None}
 # The code that times and checks, per method, found by file name (a moved file stays found); the
@@ -407,6 +409,8 @@ def stage_files(stage, root):
             if os.path.isfile(os.path.join(root, candidate)):
                 implementations.append(candidate)
     closure |= include_closure(root, implementations, ["common/include"])
+    # The stage's executable is also compiled from the generated main, with what it includes.
+    closure |= include_closure(root, [STAGE_MAIN], ["common/include"])
     flags = [f"{folder}/CMakeLists.txt" for folder in folders] + list(FLAG_FILES)
     closure |= {f for f in flags if os.path.isfile(os.path.join(root, f))}
     return sorted(closure, key=lambda p: p.encode())
