@@ -410,7 +410,8 @@ def stage_files(stage, root):
                 implementations.append(candidate)
     closure |= include_closure(root, implementations, ["common/include"])
     # The stage's executable is also compiled from the generated main, with what it includes.
-    closure |= include_closure(root, [STAGE_MAIN], ["common/include"])
+    if os.path.isfile(os.path.join(root, STAGE_MAIN)):
+        closure |= include_closure(root, [STAGE_MAIN], ["common/include"])
     flags = [f"{folder}/CMakeLists.txt" for folder in folders] + list(FLAG_FILES)
     closure |= {f for f in flags if os.path.isfile(os.path.join(root, f))}
     return sorted(closure, key=lambda p: p.encode())
