@@ -70,6 +70,25 @@ struct HostCall {
     args.o = o.data();
     args.lse = lse.data();
   }
+
+  // The backward call on this forward's inputs, O and LSE.
+  fa_backward_args backward_args(const float* grad_o, float* grad_q, float* grad_k, float* grad_v,
+                                 void* workspace) const {
+    fa_backward_args backward;
+    fa_init_backward_args(&backward);
+    backward.problem = args.problem;
+    backward.q = inputs.q.data();
+    backward.k = inputs.k.data();
+    backward.v = inputs.v.data();
+    backward.o = o.data();
+    backward.grad_o = grad_o;
+    backward.lse = lse.data();
+    backward.grad_q = grad_q;
+    backward.grad_k = grad_k;
+    backward.grad_v = grad_v;
+    backward.workspace = workspace;
+    return backward;
+  }
 };
 
 // LSE against the reference: -inf exactly where a row sees no key, else within `tolerance`.
@@ -422,20 +441,10 @@ TEST_CASE("capi: the backward pass takes `deterministic` 0 or 1, and a version-2
   std::vector<float> workspace(static_cast<std::size_t>(workspace_bytes) / sizeof(float) + 1);
   const auto gradients = [&](uint32_t size, int32_t deterministic, int expected_status) {
     std::vector<float> grads(call.inputs.q.size() + 2 * call.inputs.k.size(), NAN);
-    fa_backward_args args;
-    fa_init_backward_args(&args);
+    float* grad_k = grads.data() + call.inputs.q.size();
+    fa_backward_args args =
+        call.backward_args(grad_o.data(), grads.data(), grad_k, grad_k + call.inputs.k.size(), workspace.data());
     args.size = size;
-    args.problem = &problem;
-    args.q = call.inputs.q.data();
-    args.k = call.inputs.k.data();
-    args.v = call.inputs.v.data();
-    args.o = call.o.data();
-    args.grad_o = grad_o.data();
-    args.lse = call.lse.data();
-    args.grad_q = grads.data();
-    args.grad_k = grads.data() + call.inputs.q.size();
-    args.grad_v = grads.data() + call.inputs.q.size() + call.inputs.k.size();
-    args.workspace = workspace.data();
     args.deterministic = deterministic;
     INFO("size " << size << ", deterministic " << deterministic);
     CHECK(fa_backward_v2(id, &args) == expected_status);
@@ -612,19 +621,8 @@ TEST_CASE("capi: v2 backward through the C++ backward of stage 11 matches the re
   const int64_t workspace_bytes = fa_workspace_bytes_v2(id, &problem, FA_PASS_BACKWARD);
   REQUIRE(workspace_bytes == general.q_rows() * static_cast<int64_t>(sizeof(float)));
   std::vector<float> workspace(static_cast<std::size_t>(general.q_rows()));
-  fa_backward_args args;
-  fa_init_backward_args(&args);
-  args.problem = &problem;
-  args.q = call.inputs.q.data();
-  args.k = call.inputs.k.data();
-  args.v = call.inputs.v.data();
-  args.o = call.o.data();
-  args.grad_o = grad_o.data();
-  args.lse = call.lse.data();
-  args.grad_q = grad_q.data();
-  args.grad_k = grad_k.data();
-  args.grad_v = grad_v.data();
-  args.workspace = workspace.data();
+  const fa_backward_args args =
+      call.backward_args(grad_o.data(), grad_q.data(), grad_k.data(), grad_v.data(), workspace.data());
   const int status = fa_backward_v2(id, &args);
   INFO(last_error());
   REQUIRE(status == FA_OK);
