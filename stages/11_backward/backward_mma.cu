@@ -29,7 +29,8 @@
 // this dQ is not bitwise deterministic from run to run (dK and dV are: one block sums each in a
 // fixed order). In the deterministic mode (fa/deterministic.hpp) a pass of its own makes dQ
 // instead (grad_query_kernel, below: query tiles own dQ and re-walk the keys), the same bits every
-// run, at a price the README measures. Before the main kernel, a preprocessing kernel computes D_i = rowsum(dO ∘ O).
+// run, at a price the README measures. Before the main kernel, a preprocessing kernel computes
+// D_i = rowsum(dO ∘ O).
 //
 // The Q, dO, K and V tiles are stored swizzled, as stage 08 stores them: rows stay whole 128-byte
 // lines of shared memory, which the cp.async copies fill in the fewest writes. (Rows padded by 16
@@ -1060,8 +1061,8 @@ Status backward(const BackwardArgs& args) {
   // cp.async and the paired dK/dV stores need rows of whole, aligned 16-byte chunks.
   const bool async_copies = args.problem.dim % kChunkElements == 0 &&
                             all_aligned16({args.q, args.k, args.v, args.grad_o, args.grad_k, args.grad_v});
-  // The deterministic mode (fa/deterministic.hpp): dQ by the dQ pass, bitwise the same from run to run
-  // (README: what it costs); otherwise by atomics.
+  // The deterministic mode (fa/deterministic.hpp): dQ by the dQ pass, bitwise the same from run
+  // to run (README: what it costs); otherwise by atomics.
   const bool atomics = !deterministic_backward();
   return dispatch_bucket(args.problem.dim, [&](auto bucket) {
     constexpr int kBucket = decltype(bucket)::value;

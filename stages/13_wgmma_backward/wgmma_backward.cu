@@ -1546,7 +1546,8 @@ Status backward(const BackwardArgs& args) {
                                                          args.grad_k, args.grad_v, args.workspace})) {
     return fallback_stage<Element>().backward(args);
   }
-  // The deterministic mode (fa/deterministic.hpp): dQ's additions in key order (README: what it costs).
+  // The deterministic mode (fa/deterministic.hpp): dQ's additions in key order (README: what it
+  // costs).
   const bool deterministic = deterministic_backward();
   const auto with_bucket = [&](auto bucket) {
     constexpr int kDim = decltype(bucket)::value;
