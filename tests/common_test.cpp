@@ -5,10 +5,12 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "catch_compat.hpp"
+#include "fa/deterministic.hpp"
 #include "fa/device.hpp"
 #include "fa/inputs.hpp"
 #include "fa/metrics.hpp"
@@ -299,4 +301,23 @@ TEST_CASE("common: the source hash in each binary equals scripts/source_hash.py'
     INFO(stage.id << ": built from " << stage.source_hash << ", tree now " << hash << " (rebuild if you edited)");
     CHECK(hash == stage.source_hash);
   }
+}
+
+TEST_CASE("common: the deterministic backward is the calling thread's setting, for the scope that asks") {
+  // What the C ABI does around each backward call (fa/deterministic.hpp): another thread, or the
+  // same one after the call, keeps its own setting.
+  CHECK_FALSE(fa::deterministic_backward());
+  {
+    const fa::DeterministicBackward call(true);
+    CHECK(fa::deterministic_backward());
+    bool other_thread = true;
+    std::thread([&other_thread] { other_thread = fa::deterministic_backward(); }).join();
+    CHECK_FALSE(other_thread);
+    {
+      const fa::DeterministicBackward nested(false);
+      CHECK_FALSE(fa::deterministic_backward());
+    }
+    CHECK(fa::deterministic_backward());
+  }
+  CHECK_FALSE(fa::deterministic_backward());
 }
