@@ -116,7 +116,7 @@ def _forward(q, k, v, causal: bool, ring: _Ring):
     return out.to(q.dtype), lse
 
 
-def _backward(grad_out, q, k, v, out, lse, causal: bool, ring: _Ring):
+def _backward(grad_out, q, k, v, out, lse, causal: bool, ring: _Ring, deterministic: bool):
     chunk = q.shape[2] // 2
     grad_q = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     grad_kv = [torch.zeros(k.shape, dtype=torch.float32, device=k.device),
@@ -128,7 +128,7 @@ def _backward(grad_out, q, k, v, out, lse, causal: bool, ring: _Ring):
         queries, keys, masked = block_task(ring.rank, (ring.rank - step) % ring.world, causal)
         block_dq, block_dk, block_dv = ops.attention_backward(
             _rows(grad_out, queries), _rows(q, queries), _rows(k_held, keys), _rows(v_held, keys),
-            _rows(out, queries), _rows(lse, queries), masked)
+            _rows(out, queries), _rows(lse, queries), masked, deterministic=deterministic)
         (grad_q if queries == "both" else grad_q[:, :, chunk:]).add_(block_dq.float())
         if grads_pending is not None:  # this block's dK, dV so far, from the rank before
             grad_kv = ring.finish(grads_pending)
@@ -145,26 +145,30 @@ def _backward(grad_out, q, k, v, out, lse, causal: bool, ring: _Ring):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, group):
+    def forward(ctx, q, k, v, causal, group, deterministic):
         ring = _Ring(group)
         out, lse = _forward(q, k, v, causal, ring)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal = causal
         ctx.group = group
+        ctx.deterministic = deterministic
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        grads = _backward(grad_out.contiguous(), q, k, v, out, lse, ctx.causal, _Ring(ctx.group))
-        return (*grads, None, None)
+        deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
+        grads = _backward(grad_out.contiguous(), q, k, v, out, lse, ctx.causal, _Ring(ctx.group), deterministic)
+        return (*grads, None, None, None)
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                   group=None) -> torch.Tensor:
+                   group=None, *, deterministic: bool = False) -> torch.Tensor:
     """This rank's shard of attention over the whole sequence that the ranks of `group` (default:
     the world) hold in zigzag shards (zigzag_shard). q: (B, Hq, 2c, D), k and v: (B, Hkv, 2c, D),
-    the same c on every rank; differentiable in q, k and v."""
+    the same c on every rank; differentiable in q, k and v. `deterministic`: dQ, dK and dV bitwise
+    the same from run to run (each step's backward in its deterministic mode, as fa_course.attention's;
+    also when torch.use_deterministic_algorithms(True) is in force when the backward pass runs)."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("fa_course.ring_attention needs torch.distributed initialized "
                            "(dist.init_process_group; torchrun sets up the environment)")
@@ -175,4 +179,4 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     if q.shape[2] != k.shape[2] or k.shape != v.shape:
         raise ValueError(f"fa_course.ring_attention: q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} "
                          f"must be shards of one sequence (the same 2c, and k, v of one shape)")
-    return _RingAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, group)
+    return _RingAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, group, bool(deterministic))

@@ -75,6 +75,41 @@ def check_case(shape, causal, dtype, device, seed):
     return o_error
 
 
+def check_deterministic_reaches_each_step(seed):
+    """ring_attention(..., deterministic=True), or torch.use_deterministic_algorithms(True), asks every
+    step's local backward for its deterministic mode (fa_course.ops.attention_backward's flag; on the
+    CPU stages the gradients are the same either way, so the flag is what is checked)."""
+    import torch
+    import torch.distributed as dist
+    from fa_course import ops
+    from fa_course.ring import ring_attention, zigzag_shard
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    asked = []
+    local_backward = ops.attention_backward
+
+    def recording_backward(*args, deterministic=False, **kwargs):
+        asked.append(deterministic)
+        return local_backward(*args, deterministic=deterministic, **kwargs)
+
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (zigzag_shard(torch.rand(1, 2, 4 * world, 8, generator=generator), rank, world).requires_grad_()
+               for _ in range(3))
+    ops.attention_backward = recording_backward
+    previous = torch.are_deterministic_algorithms_enabled()
+    try:
+        for deterministic, algorithms, expected in ((False, False, False), (True, False, True), (False, True, True)):
+            asked.clear()
+            torch.use_deterministic_algorithms(algorithms)
+            ring_attention(q, k, v, causal=True, deterministic=deterministic).sum().backward()
+            if asked != [expected] * world:
+                raise AssertionError(f"deterministic={deterministic}, use_deterministic_algorithms({algorithms}): "
+                                     f"the steps' backward passes were asked {asked}, not {[expected] * world}")
+    finally:
+        ops.attention_backward = local_backward
+        torch.use_deterministic_algorithms(previous)
+
+
 def cpu_worker(rank, world, port):
     import torch
     import torch.distributed as dist
@@ -85,6 +120,7 @@ def cpu_worker(rank, world, port):
         for index, (batch, q_heads, kv_heads, seq, dim) in enumerate(CPU_SHAPES):
             for causal in (False, True):
                 check_case((batch, q_heads, kv_heads, seq * world, dim), causal, torch.float32, "cpu", index)
+        check_deterministic_reaches_each_step(len(CPU_SHAPES))
     finally:
         dist.destroy_process_group()
 
