@@ -26,7 +26,8 @@
 // backward pass needs (README, "General shapes and the log-sum-exp").
 //
 // The device helpers this stage teaches or reuses live in fa/kernel/: mma.cuh (ldmatrix and
-// mma.sync) and swizzle.cuh (the swizzle), both taught in this stage's README, cp_async.cuh and
+// mma.sync), swizzle.cuh (the swizzle) and tile_copy.cuh (a tile's copy into it), taught in this
+// stage's README, cp_async.cuh and
 // convert.cuh (stage 07), exp2.cuh (stage 06), warp.cuh (stage 05), launch_order.cuh (stage 03).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -45,6 +46,7 @@
 #include "fa/kernel/launch_order.cuh"
 #include "fa/kernel/mma.cuh"
 #include "fa/kernel/swizzle.cuh"
+#include "fa/kernel/tile_copy.cuh"
 #include "fa/kernel/warp.cuh"
 #include "fa/launch.hpp"
 #include "fa/problem.hpp"
@@ -64,13 +66,12 @@ namespace fa::stages {
 namespace {
 
 using kernel::commit_copies;
-using kernel::copy_async_16;
+using kernel::copy_tile;
 using kernel::fast_exp2;
 using kernel::kChunkBytes;
 using kernel::kFullWarp;
 using kernel::kLn2;
 using kernel::kLog2e;
-using kernel::kSwizzleRows;
 using kernel::kWarpSize;
 using kernel::load_matrices;
 using kernel::load_matrices_transposed;
@@ -79,7 +80,6 @@ using kernel::pack_pair;
 using kernel::swizzle_group_chunks;
 using kernel::swizzled_chunk_index;
 using kernel::swizzled_step_address;
-using kernel::to_element;
 using kernel::wait_copies;
 
 constexpr int kStripRows = 16;                   // query rows per warp: the M of mma.m16n8k16
@@ -164,22 +164,6 @@ struct Tiling {
                 "O, S and Q leave no room under the register cap: they spill");
 };
 
-// Copies `kRows` rows of a (rows x dim) matrix from global memory into a swizzled shared tile of
-// kRowDim-wide rows with ordinary loads and stores, writing zeros in the padding columns
-// (dim..kRowDim) and in the rows past `valid_rows`. The fallback when 16-byte copies are impossible
-// (D % 8 != 0, or a pointer off a 16-byte boundary): the ring still works, but every copy is
-// synchronous.
-template <typename Element, int kRowDim, int kRows, int kThreadCount>
-__device__ void load_tile_sync(Element* tile, const Element* source, int valid_rows, int dim, int thread) {
-  for (int index = thread; index < kRows * kRowDim; index += kThreadCount) {
-    const int row = index / kRowDim;
-    const int column = index % kRowDim;
-    tile[swizzled_chunk_index<kRowDim / kChunkElements>(row, column / kChunkElements) * kChunkElements +
-         column % kChunkElements] =
-        row < valid_rows && column < dim ? source[static_cast<int64_t>(row) * dim + column] : to_element<Element>(0.0f);
-  }
-}
-
 #if FA_STAGE08_DEVICE_CODE
 // blockIdx.x, read in a way the compiler cannot merge with an earlier read: what the kernel
 // derives from it after the K/V loop is computed there, instead of held in registers through it.
@@ -189,47 +173,6 @@ __device__ __forceinline__ unsigned block_index_again() {
   return block;
 }
 constexpr int kMmaKeys = 8;  // keys (or dims) per FP32 accumulator tile: the N of mma.m16n8k16
-
-// Issues the copies of a kRows x kRowDim tile into a swizzled shared tile, without waiting. A row
-// is copied by kThreadsPerRow consecutive threads (8 at D = 64 and 192, 4 at D = 96, 16 at D = 128,
-// 32 at D = 256), each taking every kThreadsPerRow-th chunk of it: whole 64- or 128-byte pieces
-// of global memory, and (swizzled or not) different bank groups of shared memory.
-template <typename Element, int kRowDim, int kRows, int kThreadCount>
-__device__ void issue_tile_async(Element* tile, const Element* source, int valid_rows, int dim, int thread) {
-  constexpr int kChunksPerRow = kRowDim / kChunkElements;
-  constexpr int kGroupChunks = swizzle_group_chunks(kChunksPerRow);
-  // A pass covers a multiple of 8 rows. At D = 192 (24 chunks a row) that leaves 8 threads a row,
-  // three chunks each, 8 chunks apart.
-  constexpr int kThreadsPerRow = std::gcd(kThreadCount / kSwizzleRows, kChunksPerRow);
-  constexpr int kChunksPerThread = kChunksPerRow / kThreadsPerRow;
-  constexpr int kRowsPerPass = kThreadCount / kThreadsPerRow;
-  static_assert(kRows % kRowsPerPass == 0, "whole rows in every pass");
-  // A thread copies the same chunks of every kRowsPerPass-th row, so one pointer stepped by a
-  // fixed stride reaches all its sources. (Written as row · dim per pass, the compiler keeps every
-  // pass's 64-bit offset in registers of its own for the whole K/V loop, where they are scarce.)
-  // The passes are a multiple of 8 rows apart, so they share row % 8 and the swizzled chunk, and a
-  // thread's chunks of one row are whole swizzle groups apart, which the swizzle leaves apart: the
-  // shared destinations are one offset plus constants.
-  static_assert(kRowsPerPass % kSwizzleRows == 0 && kThreadsPerRow % kGroupChunks == 0,
-                "every pass keeps row % 8, every chunk of a thread keeps its place in a group of 8");
-  const int first_row = thread / kThreadsPerRow;
-  const int chunk = thread % kThreadsPerRow;
-  Element* destination = tile + swizzled_chunk_index<kChunksPerRow>(first_row, chunk) * kChunkElements;
-  const int64_t pass_stride = static_cast<int64_t>(kRowsPerPass) * dim;
-  const Element* chunk_source = source + static_cast<int64_t>(first_row) * dim + chunk * kChunkElements;
-#pragma unroll
-  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-    const bool row_inside = first_row + pass * kRowsPerPass < valid_rows;
-#pragma unroll
-    for (int part = 0; part < kChunksPerThread; ++part) {
-      const int part_offset = part * kThreadsPerRow * kChunkElements;
-      const bool inside = row_inside && chunk * kChunkElements + part_offset < dim;
-      copy_async_16(destination + pass * kRowsPerPass * kRowDim + part_offset,
-                    inside ? chunk_source + part_offset : source, inside ? 16 : 0);
-    }
-    chunk_source += pass_stride;
-  }
-}
 
 #endif
 
@@ -245,6 +188,7 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
                          int query_tiles, int q_heads, int kv_heads, int heads_total, bool causal, float scale_log2) {
 #if FA_STAGE08_DEVICE_CODE
   using T = Tiling<kDim, kExactDim>;
+  using TileLayout = kernel::SwizzledRows<T::kChunksPerRow>;  // Q, K and V tiles, swizzled
   const int dim = kExactDim ? kDim : dim_argument;
   // Where O, S and Q fit (Tiling), the warp's Q fragments stay in registers for the whole loop;
   // otherwise (D = 128's two strips, a padded D in the 256 bucket) the loop reloads them from
@@ -313,11 +257,7 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
     const int valid_keys = min(T::kKeys, kv_seq - key_base);
     const int64_t tile_offset = static_cast<int64_t>(key_base) * dim;
     const auto issue = [&](Element* slot, const Element* source) {
-      if constexpr (kAsyncCopies) {
-        issue_tile_async<Element, T::kRowDim, T::kKeys, T::kThreads>(slot, source, valid_keys, dim, threadIdx.x);
-      } else {
-        load_tile_sync<Element, T::kRowDim, T::kKeys, T::kThreads>(slot, source, valid_keys, dim, threadIdx.x);
-      }
+      copy_tile<kAsyncCopies, TileLayout, T::kRowDim, T::kKeys, T::kThreads>(slot, source, valid_keys, dim);
     };
     if (parts & kKeyPart) issue(key_slot, head_keys + tile_offset);
     if (parts & kValuePart) issue(value_slot, head_values + tile_offset);
@@ -328,13 +268,8 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   // groups are still in flight" (stage 07). Staggered, only K of tile 0 joins Q's group, and every
   // wait is for all of this thread's copies.
   const Element* query_source = q + (work.query_head * q_seq + block_first_row) * dim;
-  if constexpr (kAsyncCopies) {
-    issue_tile_async<Element, T::kRowDim, T::kQueryRows, T::kThreads>(query_tile, query_source, q_seq - block_first_row,
-                                                                      dim, threadIdx.x);
-  } else {
-    load_tile_sync<Element, T::kRowDim, T::kQueryRows, T::kThreads>(query_tile, query_source, q_seq - block_first_row,
-                                                                    dim, threadIdx.x);
-  }
+  copy_tile<kAsyncCopies, TileLayout, T::kRowDim, T::kQueryRows, T::kThreads>(query_tile, query_source,
+                                                                              q_seq - block_first_row, dim);
   if constexpr (T::kStaggered) {
     if (tiles > 0) issue_kv_tile(0, 0, kKeyPart);
     commit_copies();
@@ -603,8 +538,8 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   const int64_t warp_output_row =
       output_work.query_head * q_seq + output_work.query_tile * T::kQueryRows + warp * T::kWarpRows;
   __syncwarp();
-  // As in issue_tile_async, a row is written by kLanesPerRow lanes (8 at D = 64 and 192, 4 at D = 96,
-  // 16 at D = 128, 32 at D = 256), each taking every kLanesPerRow-th chunk of it.
+  // As in copy_tile (fa/kernel/tile_copy.cuh), a row is written by kLanesPerRow lanes (8 at D = 64 and 192, 4 at D =
+  // 96, 16 at D = 128, 32 at D = 256), each taking every kLanesPerRow-th chunk of it.
   constexpr int kLanesPerRow = std::gcd(kWarpSize, T::kChunksPerRow);
   constexpr int kRowsPerPass = kWarpSize / kLanesPerRow;
 #pragma unroll

@@ -54,6 +54,7 @@
 #include "fa/kernel/exp2.cuh"
 #include "fa/kernel/mma.cuh"
 #include "fa/kernel/swizzle.cuh"
+#include "fa/kernel/tile_copy.cuh"
 #include "fa/kernel/warp.cuh"
 #include "fa/launch.hpp"
 #include "fa/problem.hpp"
@@ -77,7 +78,7 @@ StageDescriptor mma_registers_bf16();
 namespace {
 
 using kernel::commit_copies;
-using kernel::copy_async_16;
+using kernel::copy_tile;
 using kernel::fast_exp2;
 using kernel::kFullWarp;
 using kernel::kLog2e;
@@ -159,7 +160,6 @@ struct Tiling {
   static_assert(kKeys % kWarpKeys == 0 && kWarps % kKeyStrips == 0, "whole key strips");
   static_assert(kWarpQueries % (2 * kMmaCols) == 0 && kWarpGradDims % (2 * kMmaCols) == 0, "whole pairs of tiles");
   static_assert(kDqDims % (2 * kMmaCols) == 0, "dQ splits evenly among the warps");
-  static_assert(kThreads % (kDim / kChunkElements) == 0, "whole rows in every pass of a tile copy");
   static_assert(kDim % kGradDims == 0, "the dim parts cover the bucket");
   static_assert(kAccumulatorRowMultiple % kQueries == 0, "whole query tiles in each head's workspace rows");
 
@@ -192,49 +192,9 @@ struct Tiling {
   }
 };
 
-// The Q, dO, K and V tiles are stored swizzled, as in stage 08: chunk c of row r at chunk
-// c ^ (r % 8) of that row (every bucket's row is a multiple of 8 chunks). The element index of
-// (row, column) in a tile of kDim-wide rows (fa/kernel/swizzle.cuh's chunk index, in elements):
+// The Q, dO, K and V tiles, swizzled as in stage 08 (fa/kernel/tile_copy.cuh copies them in).
 template <int kDim>
-__device__ __forceinline__ int swizzled_index(int row, int column) {
-  return row * kDim + (column / kChunkElements ^ row % 8) * kChunkElements + column % kChunkElements;
-}
-
-// Copies rows [0, kRows) of a (rows × dim) matrix into a swizzled shared tile of kDim-wide rows,
-// zeros past `valid_rows` and past `dim` (up to the bucket's kDim): with cp.async when every row is
-// made of whole 16-byte chunks on 16-byte boundaries (kAsync), else with plain loads and stores.
-template <bool kAsync, typename Element, int kDim, int kRows, int kThreadCount>
-__device__ __forceinline__ void copy_tile(Element* tile, const Element* source, int valid_rows, int dim) {
-  if constexpr (kAsync) {
-    // A thread copies the same 16-byte column of every kRowsPerPass-th row. The pass count is
-    // known at compile time, so the loop unrolls into its cp.async and a few additions: a loop
-    // over chunk indices (index / chunks per row, index % ...) cost ~25 instructions a chunk,
-    // issued by every warp in every step.
-    constexpr int kChunksPerRow = kDim / kChunkElements;
-    constexpr int kRowsPerPass = kThreadCount / kChunksPerRow;
-    static_assert(kThreadCount % kChunksPerRow == 0 && kRows % kRowsPerPass == 0, "whole rows in every pass");
-    const int column = static_cast<int>(threadIdx.x) % kChunksPerRow * kChunkElements;
-    const int first_row = static_cast<int>(threadIdx.x) / kChunksPerRow;
-#pragma unroll
-    for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
-      const int row = first_row + pass * kRowsPerPass;
-      const bool inside = row < valid_rows && column < dim;
-      copy_async_16(tile + swizzled_index<kDim>(row, column),
-                    inside ? source + static_cast<int64_t>(row) * dim + column : source, inside ? 16 : 0);
-    }
-  } else {
-    // The fallback, one element at a time and not unrolled: unrolled, it cost the kernels that
-    // use it a register spill.
-#pragma unroll 1
-    for (int index = threadIdx.x; index < kRows * kDim; index += kThreadCount) {
-      const int row = index / kDim;
-      const int column = index % kDim;
-      tile[swizzled_index<kDim>(row, column)] = row < valid_rows && column < dim
-                                                    ? source[static_cast<int64_t>(row) * dim + column]
-                                                    : to_element<Element>(0.0f);
-    }
-  }
-}
+using SwizzledTile = kernel::SwizzledRows<kDim / kChunkElements>;
 
 // One FP32 number of a row (its LSE or D) into shared memory, 0 where `inside` is false: by a
 // 4-byte cp.async that joins the step's group of copies (kAsync), else by a plain load.
@@ -522,9 +482,10 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
   const auto issue_step = [&](int slot, StepRows rows) {
     Element* query_slot = tiles + T::kRingOffset + slot * 2 * T::kQueryTileElements;
     const int valid_rows = q_seq - rows.base;
-    copy_tile<kAsync, Element, kDim, T::kQueries, T::kThreads>(query_slot, q + rows.first * dim, valid_rows, dim);
-    copy_tile<kAsync, Element, kDim, T::kQueries, T::kThreads>(query_slot + T::kQueryTileElements,
-                                                               grad_out + rows.first * dim, valid_rows, dim);
+    copy_tile<kAsync, SwizzledTile<kDim>, kDim, T::kQueries, T::kThreads>(query_slot, q + rows.first * dim, valid_rows,
+                                                                          dim);
+    copy_tile<kAsync, SwizzledTile<kDim>, kDim, T::kQueries, T::kThreads>(query_slot + T::kQueryTileElements,
+                                                                          grad_out + rows.first * dim, valid_rows, dim);
     if (threadIdx.x < 2 * T::kQueries) {  // thread r < Br: the LSE of row r; thread Br + r: its D
       const int row = static_cast<int>(threadIdx.x) % T::kQueries;
       const float* values = static_cast<int>(threadIdx.x) < T::kQueries ? lse : row_delta;
@@ -535,8 +496,8 @@ __global__ void __launch_bounds__(Tiling<kDim, kWarpCount>::kThreads, Tiling<kDi
   };
 
   // K and V of the block join the first group of copies, with step 0.
-  copy_tile<kAsync, Element, kDim, T::kKeys, T::kThreads>(key_tile, k + kv_offset, valid_keys, dim);
-  copy_tile<kAsync, Element, kDim, T::kKeys, T::kThreads>(value_tile, v + kv_offset, valid_keys, dim);
+  copy_tile<kAsync, SwizzledTile<kDim>, kDim, T::kKeys, T::kThreads>(key_tile, k + kv_offset, valid_keys, dim);
+  copy_tile<kAsync, SwizzledTile<kDim>, kDim, T::kKeys, T::kThreads>(value_tile, v + kv_offset, valid_keys, dim);
   StepRows rows{first_base, static_cast<int>(first_query_head), first_query_head * q_seq + first_base};  // step 0's
   issue_step(0, rows);  // every key sees at least the last query tile: steps >= 1
   commit_copies();
@@ -822,12 +783,14 @@ __global__ void __launch_bounds__(GradQueryTiling<kDim>::kThreads)
     Element* key_slot = tiles + T::kRingOffset + tile % T::kStages * 2 * T::kKvTileElements;
     const int64_t offset = kv_offset + static_cast<int64_t>(tile) * T::kKeys * dim;
     const int valid_keys = kv_seq - tile * T::kKeys;
-    copy_tile<kAsync, Element, kDim, T::kKeys, T::kThreads>(key_slot, k + offset, valid_keys, dim);
-    copy_tile<kAsync, Element, kDim, T::kKeys, T::kThreads>(key_slot + T::kKvTileElements, v + offset, valid_keys, dim);
+    copy_tile<kAsync, SwizzledTile<kDim>, kDim, T::kKeys, T::kThreads>(key_slot, k + offset, valid_keys, dim);
+    copy_tile<kAsync, SwizzledTile<kDim>, kDim, T::kKeys, T::kThreads>(key_slot + T::kKvTileElements, v + offset,
+                                                                       valid_keys, dim);
   };
-  copy_tile<kAsync, Element, kDim, T::kQueries, T::kThreads>(query_tile, q + first_row * dim, valid_rows, dim);
-  copy_tile<kAsync, Element, kDim, T::kQueries, T::kThreads>(grad_out_tile, grad_out + first_row * dim, valid_rows,
-                                                             dim);
+  copy_tile<kAsync, SwizzledTile<kDim>, kDim, T::kQueries, T::kThreads>(query_tile, q + first_row * dim, valid_rows,
+                                                                        dim);
+  copy_tile<kAsync, SwizzledTile<kDim>, kDim, T::kQueries, T::kThreads>(grad_out_tile, grad_out + first_row * dim,
+                                                                        valid_rows, dim);
   if (key_tiles > 0) issue_tile(0);
   commit_copies();
 

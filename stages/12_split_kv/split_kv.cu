@@ -42,6 +42,7 @@
 #include "fa/kernel/exp2.cuh"
 #include "fa/kernel/mma.cuh"
 #include "fa/kernel/swizzle.cuh"
+#include "fa/kernel/tile_copy.cuh"
 #include "fa/kernel/warp.cuh"
 #include "fa/launch.hpp"
 #include "fa/problem.hpp"
@@ -121,6 +122,7 @@ int64_t workspace_bytes(const Problem& problem, Pass pass) {
 namespace {
 
 using kernel::commit_copies;
+using kernel::copy_tile;
 using kernel::fast_exp2;
 using kernel::kChunkBytes;
 using kernel::kFullWarp;
@@ -167,31 +169,6 @@ struct Tiling {
 #if FA_STAGE12_DEVICE_CODE
 constexpr int kMmaDepth = 16;                            // the K of mma.m16n8k16: 16 dims for QKᵀ, 16 keys for PV
 constexpr int kMmaKeys = split_kv::kAccumulatorColumns;  // keys (or dims) per FP32 accumulator tile
-
-// Loads kRows rows of a (rows × dim) matrix into a swizzled tile, zeros past `valid_rows` and past
-// `dim`. With kAsync, 16-byte cp.async copies (the caller commits and waits): consecutive threads take
-// consecutive chunks of a row, whole lines of global memory. Otherwise ordinary loads one element at
-// a time, for a head dim that is not whole 16-byte chunks or a pointer off a 16-byte boundary: a
-// rolled loop, since O already holds most registers when the ring refills.
-template <typename Element, int kDim, int kRows, bool kAsync>
-__device__ __forceinline__ void load_tile(Element* tile, const Element* source, int valid_rows, int dim) {
-  constexpr int kChunksPerRow = kDim / kChunkElements;
-  constexpr int kThreads = Tiling<kDim>::kThreads;
-  if constexpr (kAsync) {
-    split_kv::copy_rows_async<kDim, kRows, kThreads>(
-        reinterpret_cast<unsigned char*>(tile), source, valid_rows, dim,
-        [](int row, int chunk) { return swizzled_chunk_index<kChunksPerRow>(row, chunk) * kChunkBytes; });
-  } else {
-#pragma unroll 1
-    for (int index = threadIdx.x; index < kRows * kDim; index += kThreads) {
-      const int row = index / kDim;
-      const int column = index % kDim;
-      tile[swizzled_chunk_index<kChunksPerRow>(row, column / kChunkElements) * kChunkElements +
-           column % kChunkElements] =
-          row < valid_rows && column < dim ? source[row * dim + column] : to_element<Element>(0.0f);
-    }
-  }
-}
 
 // Tile j (4 floats) of a thread's accumulator array (split_kv_device.cuh's layout), as
 // mma_16x8x16 takes it.
@@ -273,15 +250,17 @@ __device__ __forceinline__ void merge_warps(float (&out)[kDim / 2], float (&row_
 // rows against a quarter of each K/V tile's keys, and the warps merge their results before the
 // block writes them. With `partial_out` null (one split) the block writes O and the LSE itself;
 // otherwise it writes its chunk's normalized output and log-sum-exp (log2 units) for
-// merge_partials_kernel.
+// merge_partials_kernel. The bounds promise one block an SM, so that up to 255 registers a thread
+// are allowed: without it, ptxas held the D = 64 kernel to 128 (a fourth block an SM) and spilled.
 template <typename Element, int kDim, bool kAsync, bool kKeysAcrossWarps>
-__global__ void __launch_bounds__(Tiling<kDim>::kThreads)
+__global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     split_kv_kernel(const Element* __restrict__ q, const Element* __restrict__ k, const Element* __restrict__ v,
                     Element* __restrict__ o, float* __restrict__ lse, float* __restrict__ partial_out,
                     float* __restrict__ partial_lse, int q_seq, int kv_seq, int dim, int packed_rows, int row_tiles,
                     int splits, int chunk_keys, int64_t q_rows, bool causal, float scale_log2) {
 #if FA_STAGE12_DEVICE_CODE
   using T = Tiling<kDim>;
+  using TileLayout = kernel::SwizzledRows<kDim / kChunkElements>;  // Q, K and V tiles, swizzled
   static_assert(!kKeysAcrossWarps || T::kCanSplitKeys, "each warp's share of a tile is whole 16-key steps");
   // The keys of a tile one warp computes: all of them, or its quarter.
   constexpr int kWarpKeys = kKeysAcrossWarps ? T::kKeys / T::kWarps : T::kKeys;
@@ -318,13 +297,13 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads)
     const int key_base = keys.begin + tile * T::kKeys;
     const int valid_keys = min(T::kKeys, kv_seq - key_base);
     const int64_t offset = kv_offset + static_cast<int64_t>(key_base) * dim;
-    load_tile<Element, kDim, T::kKeys, kAsync>(key_slot, k + offset, valid_keys, dim);
-    load_tile<Element, kDim, T::kKeys, kAsync>(key_slot + kTileElements, v + offset, valid_keys, dim);
+    copy_tile<kAsync, TileLayout, kDim, T::kKeys, T::kThreads>(key_slot, k + offset, valid_keys, dim);
+    copy_tile<kAsync, TileLayout, kDim, T::kKeys, T::kThreads>(key_slot + kTileElements, v + offset, valid_keys, dim);
   };
 
   // The prologue (stage 07's ring): Q joins the first group of copies, then all but one slot fill.
-  load_tile<Element, kDim, T::kRows, kAsync>(query_tile, q + (work.head_first_row + work.tile_first_row) * dim,
-                                             packed_rows - work.tile_first_row, dim);
+  copy_tile<kAsync, TileLayout, kDim, T::kRows, T::kThreads>(
+      query_tile, q + (work.head_first_row + work.tile_first_row) * dim, packed_rows - work.tile_first_row, dim);
 #pragma unroll
   for (int tile = 0; tile < T::kStages - 1; ++tile) {
     if (tile < keys.tiles) issue_kv_tile(tile);

@@ -33,28 +33,6 @@ using kernel::launch_dependents;  // programmatic dependent launch (kernel/depen
 using kernel::wait_for_prerequisite;
 constexpr int kAccumulatorColumns = 8;  // columns of one FP32 accumulator tile: the N of mma.m16n8k16
 
-// Copies kRows rows of a (rows × dim) matrix of 16-bit elements into a tile, one 16-byte cp.async a
-// chunk, chunk c of row r at byte `chunk_offset(r, c)` of the tile (each kernel's swizzled layout);
-// zeros past `valid_rows` and past `dim` (a multiple of 8 here). Consecutive threads copy
-// consecutive chunks of a row: whole lines of global memory.
-template <int kDim, int kRows, int kThreads, typename Element, typename ChunkOffset>
-__device__ __forceinline__ void copy_rows_async(unsigned char* tile, const Element* source, int valid_rows, int dim,
-                                                ChunkOffset chunk_offset) {
-  constexpr int kChunkBytes = 16;
-  constexpr int kChunkElements = kChunkBytes / static_cast<int>(sizeof(Element));
-  constexpr int kChunksPerRow = kDim / kChunkElements;
-  static_assert(kRows * kChunksPerRow % kThreads == 0, "every thread copies the same number of chunks");
-#pragma unroll
-  for (int pass = 0; pass < kRows * kChunksPerRow / kThreads; ++pass) {
-    const int index = pass * kThreads + threadIdx.x;
-    const int row = index / kChunksPerRow;
-    const int chunk = index % kChunksPerRow;
-    const bool inside = row < valid_rows && chunk * kChunkElements < dim;
-    kernel::copy_async_16(tile + chunk_offset(row, chunk),
-                          inside ? source + row * dim + chunk * kChunkElements : source, inside ? kChunkBytes : 0);
-  }
-}
-
 // What one block computes. Block = (K/V head · row tiles + row tile) · splits + split: the splits of
 // one tile are neighbours, and so are the row tiles of one head. Packed row r of a head's group is
 // query head r / Nq of the group at position r % Nq; the group's rows are consecutive in Q and O, so

@@ -22,6 +22,7 @@
 
 #include "fa/causal.hpp"
 #include "fa/kernel/cp_async.cuh"
+#include "fa/kernel/tile_copy.cuh"
 #include "fa/kernel/tma.cuh"  // fence_shared_for_async_proxy
 #include "fa/kernel/wgmma.cuh"
 #include "fa/kernel/wgmma_walk.cuh"
@@ -41,17 +42,17 @@ namespace fa::stages::split_kv {
 namespace {
 
 using kernel::commit_copies;
+using kernel::copy_tile;
 using kernel::fence_registers;
 using kernel::fence_shared_for_async_proxy;
-using kernel::kChunkBytes;
 using kernel::kMmaDepth;
 using kernel::kPanelColumns;
 using kernel::kPanelRowBytes;
 using kernel::kSwizzleBytes;
-using kernel::kSwizzleRows;
 using kernel::matrix_descriptor;
 using kernel::mn_major_descriptor;
 using kernel::shared_address;
+using kernel::SwizzledPanels;
 using kernel::wait_copies;
 using kernel::wgmma_wait;
 
@@ -75,17 +76,6 @@ struct WgmmaTiling {
   static_assert(kChunkAlign % kKeys == 0, "a chunk is whole K/V tiles");
   static_assert(kSharedBytes <= 227 * 1024, "a block fits in an H100's or H200's shared memory");
 };
-
-// Copies kRows rows of a (rows × dim) matrix into 64-column panels as TMA's 128-byte swizzle lays
-// them out: chunk c of row r at panel c / 8, row r, chunk (c % 8) ^ (r % 8).
-template <typename Element, int kDim, int kRows>
-__device__ __forceinline__ void load_panels(unsigned char* tile, const Element* source, int valid_rows, int dim) {
-  constexpr int kChunksPerPanelRow = kPanelRowBytes / kChunkBytes;
-  copy_rows_async<kDim, kRows, WgmmaTiling<kDim>::kThreads>(tile, source, valid_rows, dim, [](int row, int chunk) {
-    return chunk / kChunksPerPanelRow * kRows * kPanelRowBytes + row * kPanelRowBytes +
-           (chunk % kChunksPerPanelRow ^ row % kSwizzleRows) * kChunkBytes;
-  });
-}
 
 // One block: up to 64 packed query rows of one K/V head's group against one chunk of its keys, the
 // same work as split_kv_kernel's (split_kv.cu), with the same parameters and the same outputs.
@@ -124,14 +114,15 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
     const int key_base = keys.begin + tile * T::kKeys;
     const int valid_keys = min(T::kKeys, kv_seq - key_base);
     const int64_t offset = kv_offset + static_cast<int64_t>(key_base) * dim;
-    load_panels<Element, kDim, T::kKeys>(slot, k + offset, valid_keys, dim);
-    load_panels<Element, kDim, T::kKeys>(slot + T::kKvTileBytes, v + offset, valid_keys, dim);
+    copy_tile<true, SwizzledPanels<T::kKeys>, kDim, T::kKeys, T::kThreads>(slot, k + offset, valid_keys, dim);
+    copy_tile<true, SwizzledPanels<T::kKeys>, kDim, T::kKeys, T::kThreads>(slot + T::kKvTileBytes, v + offset,
+                                                                           valid_keys, dim);
   };
 
   // The prologue: Q joins the first group of copies, then all but two slots fill (the P·V of a
   // tile is issued after the next tile has landed, so its slot is refilled one tile later).
-  load_panels<Element, kDim, T::kRows>(query_tile, q + (work.head_first_row + work.tile_first_row) * dim,
-                                       packed_rows - work.tile_first_row, dim);
+  copy_tile<true, SwizzledPanels<T::kRows>, kDim, T::kRows, T::kThreads>(
+      query_tile, q + (work.head_first_row + work.tile_first_row) * dim, packed_rows - work.tile_first_row, dim);
 #pragma unroll
   for (int tile = 0; tile < T::kStages - 2; ++tile) {
     if (tile < keys.tiles) issue_kv_tile(tile);
