@@ -560,21 +560,28 @@ class Library:
     # The stage id as bytes, the problem as a struct (FaProblem.of, wrapped in ctypes.pointer) and
     # every tensor, the workspace and the stream as an int address (or None): nothing is converted
     # or looked up here, so a caller that keeps those between calls pays only for the call itself.
+    # call_forward and call_backward take the argument struct filled in (the op fills a copy of one
+    # made once per problem, which costs less than building it field by field).
 
     def run_forward(self, stage_id: bytes, problem_pointer, q, k, v, o, lse, workspace, stream) -> None:
-        args = FaForwardArgs(_FORWARD_ARGS_SIZE, problem_pointer, q, k, v, o, lse, workspace, stream)
+        self.call_forward(stage_id, FaForwardArgs(_FORWARD_ARGS_SIZE, problem_pointer, q, k, v, o, lse, workspace,
+                                                  stream))
+
+    def call_forward(self, stage_id: bytes, args: FaForwardArgs) -> None:
         status = self._lib.fa_forward_v2(stage_id, args)
         if status != FA_OK:
             raise FaError(status, self.last_error(), stage_id.decode(), "fa_forward")
 
     def run_backward(self, stage_id: bytes, problem_pointer, q, k, v, o, grad_o, lse, grad_q, grad_k, grad_v,
                      workspace, stream, deterministic: bool) -> None:
-        if deterministic and self.abi_version < 4:
+        self.call_backward(stage_id, FaBackwardArgs(_BACKWARD_ARGS_SIZE, problem_pointer, q, k, v, o, grad_o, lse,
+                                                    grad_q, grad_k, grad_v, workspace, stream, int(deterministic)))
+
+    def call_backward(self, stage_id: bytes, args: FaBackwardArgs) -> None:
+        if args.deterministic and self.abi_version < 4:
             raise FaError(FA_UNSUPPORTED, f"{self.path} has C ABI version {self.abi_version}, without the "
                                           f"deterministic backward pass (version 4): rebuild it",
                           stage_id.decode(), "fa_backward")
-        args = FaBackwardArgs(_BACKWARD_ARGS_SIZE, problem_pointer, q, k, v, o, grad_o, lse, grad_q, grad_k,
-                              grad_v, workspace, stream, int(deterministic))
         status = self._lib.fa_backward_v2(stage_id, args)
         if status != FA_OK:
             raise FaError(status, self.last_error(), stage_id.decode(), "fa_backward")

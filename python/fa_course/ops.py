@@ -31,10 +31,11 @@ The registered ops (namespace fa_course; autograd is fa_course.attention's, arou
       deterministic=False) -> (dQ, dK, dV); dK and dV summed over each K/V head's query heads.
 
 The cost of a call: what does not change between calls with tensors of the same shapes, dtype
-and device (the checks' verdict, the stages chosen, their workspace sizes, the C problem struct)
-is worked out on the first such call and kept (a Plan); later calls allocate O, the LSE, the
-gradients and the workspace as torch tensors from PyTorch's caching allocator on the current
-stream (so a CUDA graph captures them: the library allocates nothing) and call the library.
+and device (the checks' verdict, the stages chosen, their workspace sizes, the C problem struct
+and the argument structs but for their addresses) is worked out on the first such call and kept (a
+Plan); later calls allocate O, the LSE, the gradients and the workspace as torch tensors from
+PyTorch's caching allocator on the current stream (so a CUDA graph captures them: the library
+allocates nothing) and call the library.
 Autograd is an autograd.Function around the ops (cheaper than an autograd kernel on them), and an
 eager call on plain tensors goes straight to the ops' implementation (_straight says when),
 skipping the dispatcher's round trip; torch.compile, fake tensors and dispatch modes see the ops.
@@ -73,12 +74,16 @@ DTYPES = {
 
 
 # ---- the checks, written once (the fake tensors of torch.compile have all they read) -------------
+# The op's, fa_course.fp8's and the benchmark runner's (fa_course.bench.torch_runner.stage_forward).
 
 
-def check_inputs(q, k, v, causal: bool = False, *, who: str = "fa_course.attention", dtypes=None) -> Problem:
+def check_inputs(q, k, v, causal: bool = False, *, who: str = "fa_course.attention", dtypes=None,
+                 current_device: bool = False) -> Problem:
     """The problem of q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D); TypeError or ValueError, saying
     what is wrong, unless they are tensors that `who` takes: of one of `dtypes`' (device type,
-    dtype) pairs (DTYPES when None; fa_course.fp8 passes its own)."""
+    dtype) pairs (DTYPES when None; fa_course.fp8 and stage_forward pass their own) and, with
+    `current_device`, on the current CUDA device when on one (for a caller that does not make
+    theirs current, as the op does)."""
     dtypes = DTYPES if dtypes is None else dtypes
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if not isinstance(tensor, torch.Tensor):
@@ -94,6 +99,9 @@ def check_inputs(q, k, v, causal: bool = False, *, who: str = "fa_course.attenti
     if (q.device.type, q.dtype) not in dtypes:
         takes = ", ".join(f"{dtype} on {device.upper()}" for device, dtype in dtypes)
         raise TypeError(f"{who} takes {takes}; the tensors are {q.dtype} on {q.device}")
+    if current_device and q.device.type == "cuda" and q.device.index not in (None, torch.cuda.current_device()):
+        raise ValueError(f"{who}: the tensors are on {q.device}, but the current device is "
+                         f"cuda:{torch.cuda.current_device()} (make theirs current: torch.cuda.device(...))")
     if k.shape != v.shape:
         raise ValueError(f"{who}: k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
@@ -111,17 +119,21 @@ def check_inputs(q, k, v, causal: bool = False, *, who: str = "fa_course.attenti
     return Problem(batch, q_heads, int(k.shape[1]), q_seq, int(k.shape[2]), dim, bool(causal))
 
 
-def check_output(name: str, tensor, shape, dtype, device) -> None:
-    """TypeError or ValueError unless `tensor` is a contiguous `dtype` tensor of `shape` on `device`."""
+def check_output(name: str, tensor, shape, dtype, device, *, who: str = "fa_course.attention",
+                 written: bool = False) -> None:
+    """TypeError or ValueError unless `tensor` is a contiguous `dtype` tensor of `shape` on `device`
+    and, when the library writes it in place (`written`), one that does not require grad (autograd
+    would not see the write)."""
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"fa_course.attention: {name} must be a torch.Tensor, not {type(tensor).__name__}")
+        raise TypeError(f"{who}: {name} must be a torch.Tensor, not {type(tensor).__name__}")
     if tensor.dtype != dtype or tensor.device != device:
-        raise TypeError(f"fa_course.attention: {name} must be {dtype} on {device}, not {tensor.dtype} on "
-                        f"{tensor.device}")
+        raise TypeError(f"{who}: {name} must be {dtype} on {device}, not {tensor.dtype} on {tensor.device}")
     if tuple(tensor.shape) != tuple(shape):
-        raise ValueError(f"fa_course.attention: {name} must have shape {tuple(shape)}, not {tuple(tensor.shape)}")
+        raise ValueError(f"{who}: {name} must have shape {tuple(shape)}, not {tuple(tensor.shape)}")
     if not tensor.is_contiguous():
-        raise ValueError(f"fa_course.attention: {name} is not contiguous")
+        raise ValueError(f"{who}: {name} is not contiguous")
+    if written and tensor.requires_grad:
+        raise ValueError(f"{who}: {name} is written in place and must not require grad")
 
 
 def check_saved(grad_out, q, out, lse) -> None:
@@ -157,9 +169,17 @@ class Plan:
         self.device = device
         self.device_index = device.index if device.type == "cuda" else None
         self.capability = _capability(self.device_index) if device.type == "cuda" else 0
+        # Where this process sees one GPU, the current device is the tensors' (there is no other):
+        # calls then skip asking for it (torch.cuda.current_device() is a Python call of its own).
+        self.device_may_differ = self.device_index is not None and torch.cuda.device_count() > 1
         self.precision = DTYPES[(device.type, dtype)]
         self.lse_shape = problem.lse_shape
         self.problem_pointer = ctypes.pointer(capi.FaProblem.of(problem))
+        # The argument structs with the size and the problem set: a call fills in the addresses of a
+        # copy (cheaper than a struct built field by field; the copy holds the problem's address,
+        # and this Plan keeps the problem alive)
+        self.forward_args = capi.FaForwardArgs(ctypes.sizeof(capi.FaForwardArgs), self.problem_pointer)
+        self.backward_args = capi.FaBackwardArgs(ctypes.sizeof(capi.FaBackwardArgs), self.problem_pointer)
         self._stages: Dict[Tuple[str, str], Tuple[capi.Stage, bytes, int]] = {}
 
     def stage(self, pass_: str, requested: str) -> Tuple[capi.Stage, bytes, int]:
@@ -177,7 +197,7 @@ class Plan:
     def elsewhere(self) -> bool:
         """Whether the tensors are on a CUDA device other than the current one (the call then makes
         theirs current: the library runs on the current device)."""
-        return self.device_index is not None and torch.cuda.current_device() != self.device_index
+        return self.device_may_differ and torch.cuda.current_device() != self.device_index
 
     def stream(self) -> Optional[int]:
         return _raw_stream(self.device_index) if self.device_index is not None else None
@@ -203,21 +223,24 @@ MAX_PLANS = 4096
 
 
 def plan_for(q, k, v, causal: bool) -> Plan:
-    """The Plan of a call on these tensors: kept per (shapes, dtypes, devices, causal), so the checks
-    run once for each; only contiguity, which the key does not hold, is checked at every call."""
-    key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal)
+    """The Plan of a call on these tensors: kept per (shapes, dtypes, q's device, causal), so the
+    checks run once for each. What the key does not hold is checked at every call: k and v on q's
+    device (two comparisons cost less than two more devices hashed in the key), and contiguity."""
+    device = q.device
+    key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, device, causal)
     plan = _plans.get(key)
+    if (plan is not None and k.device == device and v.device == device and q.is_contiguous() and k.is_contiguous()
+            and v.is_contiguous()):
+        return plan
+    problem = check_inputs(q, k, v, causal)  # raises for a call that failed the per-call checks above
     if plan is None:
-        problem = check_inputs(q, k, v, causal)
         with _plans_lock:
             plan = _plans.get(key)
             if plan is None:
                 if len(_plans) >= MAX_PLANS:
                     _plans.clear()
-                plan = Plan(capi.load(), problem, q.device, q.dtype)
+                plan = Plan(capi.load(), problem, device, q.dtype)
                 _plans[key] = plan
-    elif not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
-        check_inputs(q, k, v, causal)
     return plan
 
 
@@ -246,10 +269,14 @@ def _forward(q, k, v, causal=False, stage=""):
             return _forward(q, k, v, causal, stage)
     _, stage_id, workspace_bytes = plan.stage("fwd", stage)
     out = torch.empty_like(q)
-    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
+    # the sizes one by one: PyTorch parses them faster than a tuple (about 0.8 us a call on a slow CPU)
+    lse = torch.empty(*plan.lse_shape, dtype=torch.float32, device=plan.device)
     workspace = plan.workspace(workspace_bytes)
-    plan.library.run_forward(stage_id, plan.problem_pointer, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                             lse.data_ptr(), workspace.data_ptr() if workspace is not None else None, plan.stream())
+    args = capi.FaForwardArgs.from_buffer_copy(plan.forward_args)
+    args.q, args.k, args.v, args.o, args.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
+    args.workspace = workspace.data_ptr() if workspace is not None else None
+    args.stream = plan.stream()
+    plan.library.call_forward(stage_id, args)
     return out, lse
 
 
@@ -266,11 +293,23 @@ def _backward(grad_out, q, k, v, out, lse, causal=False, stage="", deterministic
     _, stage_id, workspace_bytes = plan.stage("bwd", stage)
     grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     workspace = plan.workspace(workspace_bytes)
-    plan.library.run_backward(stage_id, plan.problem_pointer, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                              grad_out.data_ptr(), lse.data_ptr(), grad_q.data_ptr(), grad_k.data_ptr(),
-                              grad_v.data_ptr(), workspace.data_ptr() if workspace is not None else None,
-                              plan.stream(), deterministic)
+    args = capi.FaBackwardArgs.from_buffer_copy(plan.backward_args)
+    args.q, args.k, args.v, args.o, args.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
+    args.grad_o, args.grad_q = grad_out.data_ptr(), grad_q.data_ptr()
+    args.grad_k, args.grad_v = grad_k.data_ptr(), grad_v.data_ptr()
+    args.workspace = workspace.data_ptr() if workspace is not None else None
+    args.stream = plan.stream()
+    args.deterministic = int(deterministic)
+    plan.library.call_backward(stage_id, args)
     return grad_q, grad_k, grad_v
+
+
+# What _straight asks at every eager call, looked up once (torch.compile knows these functions as
+# themselves, whatever the name they are called by)
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+_torch_function_mode_enabled = torch._C._is_torch_function_mode_enabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
 
 
 def _straight(q, k, v) -> bool:
@@ -278,9 +317,8 @@ def _straight(q, k, v) -> bool:
     which would only route it there: eager PyTorch (not torch.compile's tracing) on plain tensors
     (not fake, functional or other subclasses, not meta) with no torch-function or dispatch mode
     active (a profiler's, FakeTensorMode). Anything else takes the registered op."""
-    return (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor and not q.is_meta
-            and not torch.compiler.is_compiling() and not torch._C._is_torch_function_mode_enabled()
-            and not torch._C._len_torch_dispatch_stack())
+    return (type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor and not q.is_meta
+            and not _is_compiling() and not _torch_function_mode_enabled() and not _dispatch_modes())
 
 
 for _device in ("CPU", "CUDA"):
@@ -338,7 +376,7 @@ class _Attention(torch.autograd.Function):
 
 def _attention(q, k, v, causal, stage, backward_stage, deterministic, with_lse):
     """attention (with_lse False: O) and attention_with_lse (True: O and the LSE)."""
-    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+    if not (isinstance(q, _Tensor) and isinstance(k, _Tensor) and isinstance(v, _Tensor)):
         check_inputs(q, k, v)  # says which is not a tensor
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _Attention.apply(q, k, v, bool(causal), stage or "", backward_stage or "", bool(deterministic),
@@ -382,5 +420,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     return _attention(q, k, v, causal, stage, backward_stage, deterministic, False)
 
 
-__all__ = ["attention", "attention_with_lse", "attention_backward", "chosen_stages", "check_inputs", "UnsupportedProblem", "NAMESPACE",
-           "DTYPES"]
+__all__ = ["attention", "attention_with_lse", "attention_backward", "chosen_stages", "check_inputs", "check_output",
+           "UnsupportedProblem", "NAMESPACE", "DTYPES"]

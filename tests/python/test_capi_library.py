@@ -5,6 +5,7 @@ here in plain Python, over square, grouped, multi-query, Nq != Nk, causal and LS
 Skipped, saying so, when no library is built; failed instead with FA_REQUIRE_LIB=1 (ctest)."""
 
 import array
+import ctypes
 import math
 import random
 import unittest
@@ -156,6 +157,23 @@ class Errors(LibraryTestCase):
         with self.assertRaises(FaError) as caught:
             self.library.forward(CPU_STAGE, problem, q, None, v, o)
         self.assertEqual(caught.exception.status, capi.FA_INVALID_ARGUMENT)
+
+    def test_a_deterministic_backward_needs_abi_version_4(self):
+        """Refused before the library is called, whichever way the struct was filled (Library.backward,
+        or the op's call_backward on a filled copy of its own)."""
+        older = capi.Library(self.library.path)
+        older.abi_version = 3
+        problem = Problem.square(1, 1, 4, 4)
+        q, k, v, o = self.buffers(problem)
+        with self.assertRaises(FaError) as caught:
+            older.backward("11_backward/fp32", problem, q, k, v, o, o, o, o, o, o, deterministic=True)
+        self.assertEqual(caught.exception.status, capi.FA_UNSUPPORTED)
+        self.assertIn("deterministic", caught.exception.message)
+        args = capi.FaBackwardArgs(ctypes.sizeof(capi.FaBackwardArgs), ctypes.pointer(capi.FaProblem.of(problem)))
+        args.deterministic = 1
+        with self.assertRaises(FaError) as caught:
+            older.call_backward(b"11_backward/fp32", args)
+        self.assertIn("version 4", caught.exception.message)
 
     def test_a_gpu_stage_on_host_memory_says_what_is_wrong(self):
         """Host buffers to a GPU stage: without a GPU the library says plainly that there is none (as

@@ -322,6 +322,14 @@ class OpChecks:
         with pytest.raises(ValueError, match="contiguous"):
             ops.attention(strided, k, v)
 
+    def test_a_tensor_on_another_device_is_refused_after_a_right_call(self, ops):
+        """The kept verdict is keyed by q's device: k's and v's are compared with it at every call."""
+        q, k, v, _ = make_problem((1, 4, 2, 16, 16, 32), self.dtypes[0], self.device)
+        ops.attention(q, k, v)
+        for arguments in ((q, k.to("meta"), v), (q, k, v.to("meta"))):
+            with pytest.raises(ValueError, match="one device"):
+                ops.attention(*arguments)
+
     def test_a_problem_no_stage_takes_is_refused_with_the_library_reason(self, ops):
         q, k, v, _ = make_problem((1, 4, 2, 16, 16, 32), self.dtypes[0], self.device)
         with pytest.raises(ops.UnsupportedProblem, match="head dim"):  # the library's own reason
@@ -358,6 +366,29 @@ class TestCpuOp(OpChecks):
 
         assert fa_course.attention is ops.attention
         assert {"attention", "Library", "Problem", "FaError", "UnsupportedProblem"} <= set(fa_course.__all__)
+
+    def test_the_benchmark_runner_checks_its_tensors_with_the_ops_checks(self, ops, library):
+        """fa_course.bench.torch_runner.stage_forward (a stage through the C ABI, as the benchmarks run
+        it) refuses what the op refuses, a tensor of another stage's precision, and an output that
+        requires grad (the library writes it in place)."""
+        from fa_course.bench import torch_runner
+
+        q, k, v, _ = make_problem((1, 4, 2, 16, 16, 32), torch.float32, "cpu")
+        out, lse = torch_runner.stage_forward(library, "01_cpu", q, k, v, lse=True)
+        expected_out, expected_lse = ops.attention_with_lse(q, k, v, stage="01_cpu")
+        assert torch.equal(out, expected_out) and torch.equal(lse, expected_lse)
+        for name, (make_arguments, error, text) in WRONG_CALLS.items():
+            with pytest.raises(error, match=text):
+                torch_runner.stage_forward(library, "01_cpu", *make_arguments(q, k, v))
+        for written in ({"out": torch.empty_like(q).requires_grad_()},
+                        {"lse": torch.empty(1, 4, 16).requires_grad_()}):
+            with pytest.raises(ValueError, match="must not require grad"):
+                torch_runner.stage_forward(library, "01_cpu", q, k, v, **written)
+        with pytest.raises(ValueError, match="lse must have shape"):
+            torch_runner.stage_forward(library, "01_cpu", q, k, v, lse=torch.empty(1, 4, 17))
+        for stage in (s for s in library.stages() if s.is_cuda):
+            with pytest.raises(TypeError, match=f"{stage.id} takes .* on CUDA"):
+                torch_runner.stage_forward(library, stage, q, k, v)
 
     def test_cuda_dtypes_on_the_cpu_are_refused(self, ops):
         q = torch.zeros(1, 1, 4, 16, dtype=torch.float16)
@@ -401,6 +432,22 @@ class TestGpuOp(OpChecks):
             ops.attention(q, k.cpu(), v)
         with pytest.raises(TypeError, match="float32 on CPU"):
             ops.attention(q.float(), k.float(), v.float())  # FP32 on the GPU: no stage writes an LSE
+
+    def test_tensors_on_a_gpu_that_is_not_the_current_one(self, ops):
+        """The library runs on the current device: each pass makes the tensors' current for its call.
+        (Where this process sees one GPU there is no other, and the op does not ask.)"""
+        def both_passes(q, k, v, grad_out):
+            out, lse = ops.attention_with_lse(q, k, v, True)
+            return (out,) + ops.attention_backward(grad_out, q, k, v, out, lse, True, deterministic=True)
+
+        q, k, v, grad_out = make_problem((1, 4, 2, 64, 64, 64), torch.float16, "cuda")
+        expected = both_passes(q, k, v, grad_out)
+        other = torch.device("cuda", torch.cuda.device_count() - 1)
+        with torch.cuda.device(0):
+            moved = both_passes(*(t.to(other) for t in (q, k, v, grad_out)))
+        for name, mine, theirs in zip(("O", "dQ", "dK", "dV"), moved, expected):
+            assert mine.device == other, name
+            torch.testing.assert_close(mine.cpu(), theirs.cpu(), msg=f"{name} on {other}")
 
     def test_a_head_dim_the_backward_refuses_is_an_error_not_a_crash(self, ops, library):
         dims = [s.max_dim for s in library.stages() if s.is_cuda and s.supports("backward")]

@@ -69,10 +69,6 @@ PEERS: Dict[str, Optional[str]] = {
 DEFAULT_PEERS = ["torch_flash", "torch_efficient", "torch_cudnn", "torch_math"]
 
 
-class TensorError(ValueError):
-    """A tensor of the wrong device, dtype, layout or shape for a stage."""
-
-
 class ContextLost(RuntimeError):
     """A kernel fault broke the CUDA context: nothing more can run in this process."""
 
@@ -80,74 +76,35 @@ class ContextLost(RuntimeError):
 # ---- our stages on PyTorch tensors -------------------------------------------------------------
 
 
-def check_tensors(stage: Stage, problem: Problem, q, k, v, o=None, lse=None) -> None:
-    """TensorError unless q, o are (B, Hq, Nq, D) and k, v (B, Hkv, Nk, D), contiguous, of the stage's
-    precision, on its device (the current CUDA device for a CUDA stage, the CPU for the CPU stage),
-    and lse (when given) FP32 (B, Hq, Nq)."""
-    import torch
-
-    want_device = "cuda" if stage.is_cuda else "cpu"
-    want_dtype = torch_dtype(torch, stage.precision)
-    expected = {"q": problem.q_shape, "k": problem.kv_shape, "v": problem.kv_shape, "o": problem.q_shape,
-                "lse": problem.lse_shape}
-    for name, tensor in (("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse)):
-        if tensor is None:
-            continue
-        if not isinstance(tensor, torch.Tensor):
-            raise TensorError(f"{stage.id}: {name} must be a torch.Tensor, not {type(tensor).__name__}")
-        if tensor.device.type != want_device:
-            where = "a CUDA device" if stage.is_cuda else "the CPU"
-            raise TensorError(f"{stage.id} runs on {where}: {name} is on {tensor.device}")
-        if stage.is_cuda and tensor.device.index not in (None, torch.cuda.current_device()):
-            raise TensorError(f"{stage.id}: {name} is on {tensor.device}, but the current device is "
-                              f"cuda:{torch.cuda.current_device()} (use torch.cuda.device(...))")
-        dtype = torch.float32 if name == "lse" else want_dtype
-        if tensor.dtype != dtype:
-            raise TensorError(f"{stage.id} takes {dtype} for {name} ({stage.precision} stage), not {tensor.dtype}")
-        if tuple(tensor.shape) != tuple(expected[name]):
-            raise TensorError(f"{stage.id}: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name])} "
-                              f"for {problem.describe()}")
-        if not tensor.is_contiguous():
-            raise TensorError(f"{stage.id}: {name} is not contiguous (call .contiguous(); the layout is "
-                              f"(batch, heads, seq, dim) with dim fastest)")
-        if tensor.requires_grad and name in ("o", "lse"):
-            raise TensorError(f"{stage.id}: {name} is written in place and must not require grad")
-
-
-def problem_of(q, k, causal: bool = False) -> Problem:
-    """The problem of q (B, Hq, Nq, D) and k (B, Hkv, Nk, D); TensorError when they do not fit."""
-    if q.dim() != 4 or k.dim() != 4:
-        raise TensorError(f"q and k must be 4-D (batch, heads, seq, dim), not {tuple(q.shape)} and {tuple(k.shape)}")
-    batch, q_heads, q_seq, dim = q.shape
-    if k.shape[0] != batch or k.shape[3] != dim:
-        raise TensorError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim")
-    if k.shape[1] < 1 or q_heads % k.shape[1]:
-        raise TensorError(f"q's {q_heads} heads are not a multiple of k's {k.shape[1]}")
-    return Problem(int(batch), int(q_heads), int(k.shape[1]), int(q_seq), int(k.shape[2]), int(dim), bool(causal))
-
-
 def stage_forward(library: Library, stage, q, k, v, causal: bool = False, out=None, lse=None, workspace=None,
                   stream=None):
     """Runs one of our stages on PyTorch tensors: O (allocated when `out` is None), written in place.
     `lse` True allocates the FP32 log-sum-exp and returns (O, LSE). `workspace` is a uint8 tensor of at
-    least library.workspace_bytes(...) bytes (allocated when None). Raises TensorError for a bad tensor
-    and capi.FaError when the stage refuses or fails."""
+    least library.workspace_bytes(...) bytes (allocated when None). The op's checks (fa_course.ops)
+    check the tensors: of the stage's precision, on its device (the current one for a CUDA stage), O
+    and the LSE not requiring grad. Raises TypeError or ValueError for a bad tensor and capi.FaError
+    when the stage refuses or fails."""
     import torch
 
+    from ..ops import check_inputs, check_output
+
     stage = stage if isinstance(stage, Stage) else library.stage(stage)
-    problem = problem_of(q, k, causal)
+    problem = check_inputs(q, k, v, causal, who=stage.id, current_device=stage.is_cuda,
+                           dtypes={(stage.backend, torch_dtype(torch, stage.precision)): stage.precision})
     if out is None:
         out = torch.empty_like(q)
     want_lse = lse is not None and lse is not False
     if lse is True:
         lse = torch.empty(problem.lse_shape, dtype=torch.float32, device=q.device)
-    check_tensors(stage, problem, q, k, v, out, lse if want_lse else None)
+    check_output("o", out, problem.q_shape, q.dtype, q.device, who=stage.id, written=True)
+    if want_lse:
+        check_output("lse", lse, problem.lse_shape, torch.float32, q.device, who=stage.id, written=True)
     needed = library.workspace_bytes(stage.id, problem)
     if needed and workspace is None:
         workspace = torch.empty(needed, dtype=torch.uint8, device=q.device)
     if needed and workspace.numel() * workspace.element_size() < needed:
-        raise TensorError(f"{stage.id}: the workspace holds {workspace.numel() * workspace.element_size()} bytes, "
-                          f"{needed} needed")
+        raise ValueError(f"{stage.id}: the workspace holds {workspace.numel() * workspace.element_size()} bytes, "
+                         f"{needed} needed")
     if stage.is_cuda and stream is None:
         stream = torch.cuda.current_stream()
     library.forward(stage.id, problem, q, k, v, out, lse=lse if want_lse else None, stream=stream,
@@ -895,7 +852,6 @@ class _nothing:
         return False
 
 
-__all__ = ["PEERS", "DEFAULT_PEERS", "RunConfig", "TorchRunner", "TensorError", "ContextLost", "TorchUnavailable",
-           "check_tensors", "problem_of", "stage_forward", "sdpa_call", "compare_with_reference", "make_inputs",
-           "default_out", "precision_of", "compare_gradients", "reference_gradients", "make_grad_out",
-           "GRADIENT_REL_L2_BOUND"]
+__all__ = ["PEERS", "DEFAULT_PEERS", "RunConfig", "TorchRunner", "ContextLost", "TorchUnavailable", "stage_forward",
+           "sdpa_call", "compare_with_reference", "make_inputs", "default_out", "precision_of", "compare_gradients",
+           "reference_gradients", "make_grad_out", "GRADIENT_REL_L2_BOUND"]
