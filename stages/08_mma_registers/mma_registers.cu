@@ -27,8 +27,8 @@
 //
 // The device helpers this stage teaches or reuses live in fa/kernel/: mma.cuh (ldmatrix and
 // mma.sync), swizzle.cuh (the swizzle) and tile_copy.cuh (a tile's copy into it), taught in this
-// stage's README, cp_async.cuh and
-// convert.cuh (stage 07), exp2.cuh (stage 06), warp.cuh (stage 05), launch_order.cuh (stage 03).
+// stage's README; cp_async.cuh and convert.cuh (stage 07), exp2.cuh (stage 06), warp.cuh (stage 05),
+// launch_order.cuh (stage 03).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -538,8 +538,8 @@ __global__ void __launch_bounds__(Tiling<kDim, kExactDim>::kThreads, Tiling<kDim
   const int64_t warp_output_row =
       output_work.query_head * q_seq + output_work.query_tile * T::kQueryRows + warp * T::kWarpRows;
   __syncwarp();
-  // As in copy_tile (fa/kernel/tile_copy.cuh), a row is written by kLanesPerRow lanes (8 at D = 64 and 192, 4 at D =
-  // 96, 16 at D = 128, 32 at D = 256), each taking every kLanesPerRow-th chunk of it.
+  // As in copy_tile (fa/kernel/tile_copy.cuh), a row is written by kLanesPerRow lanes (8 at D = 64
+  // and 192, 4 at D = 96, 16 at D = 128, 32 at D = 256), each taking every kLanesPerRow-th chunk.
   constexpr int kLanesPerRow = std::gcd(kWarpSize, T::kChunksPerRow);
   constexpr int kRowsPerPass = kWarpSize / kLanesPerRow;
 #pragma unroll
