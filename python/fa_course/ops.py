@@ -339,6 +339,12 @@ def _backward_fake(grad_out, q, k, v, out, lse, causal=False, stage="", determin
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+def backward_is_deterministic(requested: bool) -> bool:
+    """Whether a backward pass about to run makes dQ bitwise repeatable: asked for by the call, or
+    by torch.use_deterministic_algorithms(True) in force now (the op's and fa_course.ring's rule)."""
+    return requested or torch.are_deterministic_algorithms_enabled()
+
+
 class _Attention(torch.autograd.Function):
     """Autograd around the two ops (cheaper per call than an autograd kernel registered on the op).
     `with_lse`: the LSE is an output too (attention_with_lse); otherwise O alone, which saves autograd
@@ -363,7 +369,7 @@ class _Attention(torch.autograd.Function):
         if grad_out is None:  # O got no gradient (a Function below it gave none): none to pass on
             return None, None, None, None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
-        deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
+        deterministic = backward_is_deterministic(ctx.deterministic)
         # dO arrives in whatever layout the graph above made (sum().backward() gives an expanded one)
         if _straight(q, k, v):
             grad_q, grad_k, grad_v = _backward(grad_out.contiguous(), q, k, v, out, lse, ctx.causal,

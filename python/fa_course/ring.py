@@ -157,7 +157,7 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
+        deterministic = ops.backward_is_deterministic(ctx.deterministic)
         grads = _backward(grad_out.contiguous(), q, k, v, out, lse, ctx.causal, _Ring(ctx.group), deterministic)
         return (*grads, None, None, None)
 
