@@ -30,6 +30,8 @@ four alike.
 allocated once, with its argument struct built once: what a caller pays who does all the work
 of the op (checks, stage choice, allocation) once, outside the loop. The stages are the op's
 choice (fa_course.chosen_stages), so all three run the same kernels where SDPA is not involved.
+"op (py)" is the op with its C++ autograd node turned off (fa_course.node.use(False) around each
+call, about 0.5 µs): the Python autograd.Function it runs where no node was built for this PyTorch.
 "Function" is the thinnest op a Python autograd.Function can be: it allocates the outputs and the
 workspace as the op does and makes the bare calls, with no checks and nothing looked up; what it
 costs beyond bare is autograd's and Python's share, which no op written this way avoids.
@@ -189,8 +191,10 @@ def interleaved(measure, calls, which, rounds):
 
 
 def calls_for(torch, fa_course, shape, dtype, causal):
-    """{name: (forward call, forward + backward call)} for the op, the thinnest autograd.Function,
-    SDPA and the bare C ABI calls."""
+    """{name: (forward call, forward + backward call)} for the op, the op with its C++ node turned off,
+    the thinnest autograd.Function, SDPA and the bare C ABI calls."""
+    from fa_course import node
+
     batch, heads, seq, dim = shape
     q, k, v = (torch.randn(batch, heads, seq, dim, device="cuda", dtype=dtype) for _ in range(3))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -217,7 +221,18 @@ def calls_for(torch, fa_course, shape, dtype, causal):
     def sdpa_training():
         return torch.autograd.grad(sdpa(*leaves, is_causal=causal), leaves, grad_out)
 
-    return {"op": (op_forward, op_training), "Function": (function_forward, function_training),
+    def without_node(call):
+        def run():
+            previous = node.use(False)
+            try:
+                return call()
+            finally:
+                node.use(previous)
+        return run
+
+    return {"op": (op_forward, op_training),
+            "op (py)": (without_node(op_forward), without_node(op_training)),
+            "Function": (function_forward, function_training),
             "SDPA": (sdpa_forward, sdpa_training),
             "bare": (bare.forward, bare.forward_backward)}, bare.stages
 
@@ -251,8 +266,12 @@ def main(argv=None):
     events.update({("fwd+bwd", queued): timed_events(1, queued) for queued in (False, True)})
 
     tiny_text, large_text = ("x".join(map(str, s)) for s in (args.tiny, args.large))
-    print(f"{torch.cuda.get_device_name()}; PyTorch {torch.__version__}; {fa_course.load().path}; {args.dtype}"
-          f"{' causal' if args.causal else ''}; stages {stages[0]} (forward), {stages[1]} (backward)")
+    from fa_course import node
+
+    library = fa_course.load()
+    print(f"{torch.cuda.get_device_name()}; PyTorch {torch.__version__}; {library.path}; {args.dtype}"
+          f"{' causal' if args.causal else ''}; stages {stages[0]} (forward), {stages[1]} (backward); the op's "
+          f"autograd node: {'C++' if node.ops_for(library) is not None else 'Python (no C++ node for this PyTorch)'}")
     rows = [
         (f"host us, forward, {tiny_text}", forward_us, "op <= SDPA + 10 us",
          forward_us["op"] <= forward_us["SDPA"] + 10),
@@ -260,12 +279,13 @@ def main(argv=None):
          training_us["op"] <= training_us["SDPA"] + 50),
     ] + [(f"event ms, {which}, {'queued' if queued else 'idle'}, {large_text}", values, "op <= bare x 1.03",
           values["op"] <= values["bare"] * 1.03) for (which, queued), values in events.items()]
-    print(f"{'':42} {'op':>9} {'Function':>9} {'SDPA':>9} {'bare':>9}  budget")
+    names = list(tiny)
+    print(f"{'':42} " + " ".join(f"{name:>9}" for name in names) + "  budget")
     for label, values, budget, met in rows:
-        print(f"{label:42} {values['op']:9.3f} {values['Function']:9.3f} {values['SDPA']:9.3f} {values['bare']:9.3f}  "
-              f"{budget}: {'met' if met else 'MISSED'}")
+        print(f"{label:42} " + " ".join(f"{values[name]:9.3f}" for name in names) +
+              f"  {budget}: {'met' if met else 'MISSED'}")
     for (which, queued), values in events.items():
-        ratios = ", ".join(f"{name} {values[name] / values['bare']:.3f}" for name in ("op", "Function", "SDPA"))
+        ratios = ", ".join(f"{name} {values[name] / values['bare']:.3f}" for name in names if name != "bare")
         print(f"event ms over bare, {which}, {'queued' if queued else 'idle'}: {ratios}")
     if args.check and not all(met for *_, met in rows):
         return 1

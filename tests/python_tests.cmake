@@ -57,8 +57,13 @@ elseif(TARGET fa_capi AND TARGET 01_cpu)
       set(name "python: fa_course.fp8 (FP8 forward, stage 14; its GPU tests need an H100 or H200)")
     endif()
     add_test(NAME "${name}" COMMAND ${FA_TORCH_PYTHON} ${PROJECT_SOURCE_DIR}/tests/torch/run.py ${mode})
+    # where python/CMakeLists.txt built the C++ autograd node, the tests check that the op runs it
+    set(node_built "")
+    if(TARGET fa_torch_node)
+      set(node_built "FA_TORCH_NODE_BUILT=$<TARGET_FILE:fa_torch_node>;")
+    endif()
     set_tests_properties("${name}" PROPERTIES
-      ENVIRONMENT "FA_CAPI_LIB=$<TARGET_FILE:fa_capi>;PYTHONDONTWRITEBYTECODE=1"
+      ENVIRONMENT "${node_built}FA_CAPI_LIB=$<TARGET_FILE:fa_capi>;PYTHONDONTWRITEBYTECODE=1"
       REQUIRED_FILES "$<TARGET_FILE:fa_capi>"
       SKIP_RETURN_CODE 77
       TIMEOUT 600)

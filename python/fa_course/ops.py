@@ -1,6 +1,6 @@
 """The course's FlashAttention as a PyTorch operator that trains: forward and backward passes of the
-stages through the C ABI (ctypes, so nothing is built against PyTorch), registered with
-torch.library so that autograd, torch.compile (no graph break) and CUDA graphs see an ordinary op.
+stages through the C ABI (ctypes), registered with torch.library so that autograd, torch.compile (no
+graph break) and CUDA graphs see an ordinary op.
 
     import torch, fa_course
     q = torch.randn(2, 8, 1024, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -36,9 +36,11 @@ and the argument structs but for their addresses) is worked out on the first suc
 Plan); later calls allocate O, the LSE, the gradients and the workspace as torch tensors from
 PyTorch's caching allocator on the current stream (so a CUDA graph captures them: the library
 allocates nothing) and call the library.
-Autograd is an autograd.Function around the ops (cheaper than an autograd kernel on them), and an
-eager call on plain tensors goes straight to the ops' implementation (_straight says when),
-skipping the dispatcher's round trip; torch.compile, fake tensors and dispatch modes see the ops.
+An eager call on plain tensors goes straight to the ops' implementation (_straight says when),
+skipping the dispatcher's round trip; one that needs gradients runs through the autograd node in
+C++ (fa_course.node) where one was built for this PyTorch. Elsewhere autograd is _Attention, an
+autograd.Function around the ops (cheaper than an autograd kernel on them), and torch.compile, fake
+tensors and dispatch modes see the ops.
 
 Errors: a tensor on the wrong device, of the wrong dtype, non-contiguous or of mismatched shapes
 raises TypeError or ValueError before anything runs; a problem no stage takes (a head dim past a
@@ -56,7 +58,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from . import capi
+from . import capi, node
 from .problem import Problem
 from .selection import UnsupportedProblem, choose_stage
 
@@ -181,6 +183,7 @@ class Plan:
         self.forward_args = capi.FaForwardArgs(ctypes.sizeof(capi.FaForwardArgs), self.problem_pointer)
         self.backward_args = capi.FaBackwardArgs(ctypes.sizeof(capi.FaBackwardArgs), self.problem_pointer)
         self._stages: Dict[Tuple[str, str], Tuple[capi.Stage, bytes, int]] = {}
+        self._node_plans: Dict[Tuple[str, str], Tuple[int, bool, object]] = {}
 
     def stage(self, pass_: str, requested: str) -> Tuple[capi.Stage, bytes, int]:
         """(stage, its id as bytes, its workspace bytes) for `pass_` ('fwd' or 'bwd'), the automatic
@@ -193,6 +196,25 @@ class Plan:
             chosen = (stage, stage.id.encode(), self.library.workspace_bytes(stage.id, self.problem, pass_))
             self._stages[(pass_, requested)] = chosen
         return chosen
+
+    def node_plan(self, node_ops, requested: str, backward_requested: str):
+        """(the address of the C++ node's copy of this plan for these stage requests, whether a stage runs
+        its backward pass, the copy itself: node.make_plan), made once and kept with this plan. Where no
+        stage runs the backward pass, a call that needs gradients runs the Python Function, which
+        refuses when the backward pass runs, as it always has."""
+        key = (requested, backward_requested)
+        found = self._node_plans.get(key)
+        if found is None:
+            _, forward_id, forward_bytes = self.stage("fwd", requested)
+            try:
+                _, backward_id, backward_bytes = self.stage("bwd", backward_requested)
+            except UnsupportedProblem:
+                backward_id, backward_bytes = b"", 0
+            kept, address = node.make_plan(node_ops, self.library, self.problem_pointer, forward_id, backward_id,
+                                           forward_bytes, backward_bytes)
+            found = (address, bool(backward_id), kept)
+            self._node_plans[key] = found
+        return found
 
     def elsewhere(self) -> bool:
         """Whether the tensors are on a CUDA device other than the current one (the call then makes
@@ -263,10 +285,13 @@ _library.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor 
 
 def _forward(q, k, v, causal=False, stage=""):
     """(O, LSE) of the chosen forward stage."""
-    plan = plan_for(q, k, v, causal)
+    return _forward_planned(plan_for(q, k, v, causal), q, k, v, stage)
+
+
+def _forward_planned(plan, q, k, v, stage):
     if plan.elsewhere():
         with torch.cuda.device(plan.device_index):
-            return _forward(q, k, v, causal, stage)
+            return _forward_planned(plan, q, k, v, stage)
     _, stage_id, workspace_bytes = plan.stage("fwd", stage)
     out = torch.empty_like(q)
     # the sizes one by one: PyTorch parses them faster than a tuple (about 0.8 us a call on a slow CPU)
@@ -384,14 +409,33 @@ def _attention(q, k, v, causal, stage, backward_stage, deterministic, with_lse):
     """attention (with_lse False: O) and attention_with_lse (True: O and the LSE)."""
     if not (isinstance(q, _Tensor) and isinstance(k, _Tensor) and isinstance(v, _Tensor)):
         check_inputs(q, k, v)  # says which is not a tensor
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if _straight(q, k, v):
+        plan = plan_for(q, k, v, bool(causal))
+        if not needs_grad:  # no autograd node to make: Python's call is as quick as the C++ node's
+            out, lse = _forward_planned(plan, q, k, v, stage or "")
+            return (out, lse) if with_lse else out
+        node_ops = node.ops_for(plan.library)
+        if node_ops is not None:
+            node_plan, has_backward, _ = plan.node_plan(node_ops, stage or "", backward_stage or "")
+            if has_backward:
+                return _through_node(node_ops, q, k, v, node_plan, bool(deterministic), with_lse)
+    if needs_grad:
         return _Attention.apply(q, k, v, bool(causal), stage or "", backward_stage or "", bool(deterministic),
                                 with_lse)
-    if _straight(q, k, v):
-        out, lse = _forward(q, k, v, bool(causal), stage or "")
-    else:
-        out, lse = torch.ops.fa_course.attention.default(q, k, v, bool(causal), stage or "")
+    out, lse = torch.ops.fa_course.attention.default(q, k, v, bool(causal), stage or "")
     return (out, lse) if with_lse else out
+
+
+def _through_node(node_ops, q, k, v, node_plan, deterministic, with_lse):
+    """The call through the C++ node (fa_course.node); a failure of the library's forward pass raised as
+    the FaError it is."""
+    try:
+        if with_lse:
+            return node_ops.attention_with_lse.default(q, k, v, node_plan, deterministic)
+        return node_ops.attention.default(q, k, v, node_plan, deterministic)
+    except RuntimeError as error:
+        raise node.library_error(error) from None
 
 
 def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

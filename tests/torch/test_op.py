@@ -339,6 +339,62 @@ class OpChecks:
             ops.attention(q, k, v, stage="no_such_stage")
 
 
+    def test_the_cpp_node_and_the_python_function_agree(self, ops, library):
+        """Where the C++ autograd node was built for this PyTorch (ctest says so: FA_TORCH_NODE_BUILT),
+        an eager call runs through it, and the Python Function gives the same bits (the deterministic
+        backward: no atomics' order in dQ); where none was, the op runs the Python Function."""
+        from fa_course import node
+
+        built = os.environ.get("FA_TORCH_NODE_BUILT", "")
+        expected = os.path.basename(built) == node.FILE_NAME
+        assert (node.ops_for(library) is not None) == expected, f"node built: {built or 'none'}; this PyTorch " \
+                                                                 f"looks for {node.FILE_NAME}"
+        q, k, v, grad_out = make_problem((1, 4, 2, 40, 56, 32), self.dtypes[-1], self.device)
+        for causal, with_lse in ((False, False), (True, True)):
+            results = {}
+            for through_node in (True, False):
+                previous = node.use(through_node)
+                try:
+                    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+                    outputs = ops.attention_with_lse(*leaves, causal, deterministic=True) if with_lse else \
+                        (ops.attention(*leaves, causal, deterministic=True),)
+                    python_function = type(outputs[0].grad_fn).__name__ == "_AttentionBackward"
+                    assert python_function == (not (through_node and expected)), type(outputs[0].grad_fn)
+                    grads = torch.autograd.grad(outputs[0], leaves, grad_out)
+                    results[through_node] = [t.detach() for t in outputs] + list(grads)
+                finally:
+                    node.use(previous)
+                with torch.no_grad():  # the forward pass alone: the same O
+                    assert torch.equal(ops.attention(q, k, v, causal), results[through_node][0])
+            for name, a, b in zip(("O", "LSE", "dQ", "dK", "dV") if with_lse else ("O", "dQ", "dK", "dV"),
+                                  results[True], results[False]):
+                assert torch.equal(a, b), f"{name} causal={causal}: the C++ node and the Python Function differ"
+
+    def test_the_graph_keeps_its_plan_after_the_op_forgets_it(self, ops):
+        """A graph waiting for its backward pass holds what it needs, when the op's plans are gone."""
+        import gc
+
+        q, k, v, grad_out = make_problem((1, 2, 2, 24, 24, 32), self.dtypes[0], self.device)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = ops.attention(*leaves, True)
+        expected = torch.autograd.grad(ops.attention(*leaves, True), leaves, grad_out)
+        ops._plans.clear()
+        gc.collect()
+        for name, mine, theirs in zip(("dQ", "dK", "dV"), torch.autograd.grad(out, leaves, grad_out), expected):
+            torch.testing.assert_close(mine, theirs, msg=name)
+
+    def test_a_library_failure_in_the_cpp_node_is_an_fa_error(self):
+        from fa_course import capi, node
+
+        text = "fa_backward('13_wgmma_backward/bf16'): status 3: out of GPU memory\nException raised from fail"
+        error = node.library_error(RuntimeError(text))
+        assert isinstance(error, capi.FaError)
+        assert (error.status, error.stage, error.call, error.message) == (3, "13_wgmma_backward/bf16", "fa_backward",
+                                                                          "out of GPU memory")
+        other = RuntimeError("CUDA error: an illegal memory access was encountered")
+        assert node.library_error(other) is other
+
+
 class TestCpuOp(OpChecks):
     """The op on the CPU stages (float32), where there is no GPU."""
 
