@@ -1,7 +1,7 @@
 """fa_course.attention's autograd node in C++ (python/csrc/attention_node.cpp): where it exists for
-this PyTorch, an eager call runs through it instead of ops._Attention, a Python autograd.Function
-that costs about 60-90 µs more host time per forward and backward pass (python/README.md, "The cost
-of a call").
+this PyTorch, an eager call that needs gradients runs through it instead of ops._Attention, a Python
+autograd.Function that cost 48-134 µs more host time per forward and backward pass on an H200
+(python/README.md, "The cost of a call").
 
 It is built beside libfa_capi.so as libfa_torch_node-<torch version>.so (python/CMakeLists.txt)
 and works with that PyTorch alone, so it is looked for under this PyTorch's version. It calls the
