@@ -51,17 +51,17 @@ elseif(TARGET fa_capi AND TARGET 01_cpu)
       set(FA_TORCH_PYTHON "${Python3_EXECUTABLE}")  # the tests say what is missing and skip
     endif()
   endif()
+  # where python/CMakeLists.txt built the C++ autograd node, the tests check that the op runs it
+  set(node_built "")
+  if(TARGET fa_torch_node)
+    set(node_built "FA_TORCH_NODE_BUILT=$<TARGET_FILE:fa_torch_node>;")
+  endif()
   foreach(mode IN ITEMS cpu gpu fp8)
     set(name "python: fa_course.ops (PyTorch custom op) on the ${mode} stages")
     if(mode STREQUAL "fp8")
       set(name "python: fa_course.fp8 (FP8 forward, stage 14; its GPU tests need an H100 or H200)")
     endif()
     add_test(NAME "${name}" COMMAND ${FA_TORCH_PYTHON} ${PROJECT_SOURCE_DIR}/tests/torch/run.py ${mode})
-    # where python/CMakeLists.txt built the C++ autograd node, the tests check that the op runs it
-    set(node_built "")
-    if(TARGET fa_torch_node)
-      set(node_built "FA_TORCH_NODE_BUILT=$<TARGET_FILE:fa_torch_node>;")
-    endif()
     set_tests_properties("${name}" PROPERTIES
       ENVIRONMENT "${node_built}FA_CAPI_LIB=$<TARGET_FILE:fa_capi>;PYTHONDONTWRITEBYTECODE=1"
       REQUIRED_FILES "$<TARGET_FILE:fa_capi>"
