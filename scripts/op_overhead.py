@@ -98,9 +98,12 @@ class Bare:
         self.workspaces = [torch.empty(max(n, 1), dtype=torch.uint8, device=q.device)
                            for n in (forward_bytes, backward_bytes)]
         stream = torch.cuda.current_stream().cuda_stream
-        self.forward_args = capi.FaForwardArgs(ctypes.sizeof(capi.FaForwardArgs), plan.problem_pointer, q.data_ptr(),
-                                               k.data_ptr(), v.data_ptr(), self.out.data_ptr(), self.lse.data_ptr(),
-                                               self.workspaces[0].data_ptr() if forward_bytes else None, stream)
+        # The forward alone writes O, as the op's forward call without gradients does; before a
+        # backward pass it writes the LSE too, which the backward pass reads.
+        self.forward_args, self.training_forward_args = (
+            capi.FaForwardArgs(ctypes.sizeof(capi.FaForwardArgs), plan.problem_pointer, q.data_ptr(), k.data_ptr(),
+                               v.data_ptr(), self.out.data_ptr(), lse, self.workspaces[0].data_ptr() if forward_bytes
+                               else None, stream) for lse in (None, self.lse.data_ptr()))
         self.backward_args = capi.FaBackwardArgs(
             ctypes.sizeof(capi.FaBackwardArgs), plan.problem_pointer, q.data_ptr(), k.data_ptr(), v.data_ptr(),
             self.out.data_ptr(), self.grad_out.data_ptr(), self.lse.data_ptr(),
@@ -112,7 +115,8 @@ class Bare:
             raise RuntimeError(self.library.last_error())
 
     def forward_backward(self):
-        self.forward()
+        if self.function_forward(self.forward_id, self.training_forward_args) != 0:
+            raise RuntimeError(self.library.last_error())
         if self.function_backward(self.backward_id, self.backward_args) != 0:
             raise RuntimeError(self.library.last_error())
 

@@ -288,17 +288,21 @@ def _forward(q, k, v, causal=False, stage=""):
     return _forward_planned(plan_for(q, k, v, causal), q, k, v, stage)
 
 
-def _forward_planned(plan, q, k, v, stage):
+def _forward_planned(plan, q, k, v, stage, with_lse=True):
+    """(O, LSE); with_lse False: (O, None), the LSE neither allocated nor written (a forward call
+    without gradients that returns O alone)."""
     if plan.elsewhere():
         with torch.cuda.device(plan.device_index):
-            return _forward_planned(plan, q, k, v, stage)
+            return _forward_planned(plan, q, k, v, stage, with_lse)
     _, stage_id, workspace_bytes = plan.stage("fwd", stage)
     out = torch.empty_like(q)
     # the sizes one by one: PyTorch parses them faster than a tuple (about 0.8 us a call on a slow CPU)
-    lse = torch.empty(*plan.lse_shape, dtype=torch.float32, device=plan.device)
+    lse = torch.empty(*plan.lse_shape, dtype=torch.float32, device=plan.device) if with_lse else None
     workspace = plan.workspace(workspace_bytes)
     args = capi.FaForwardArgs.from_buffer_copy(plan.forward_args)
-    args.q, args.k, args.v, args.o, args.lse = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
+    args.q, args.k, args.v, args.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    if with_lse:
+        args.lse = lse.data_ptr()
     args.workspace = workspace.data_ptr() if workspace is not None else None
     args.stream = plan.stream()
     plan.library.call_forward(stage_id, args)
@@ -413,7 +417,7 @@ def _attention(q, k, v, causal, stage, backward_stage, deterministic, with_lse):
     if _straight(q, k, v):
         plan = plan_for(q, k, v, bool(causal))
         if not needs_grad:  # no autograd node to make: Python's call is as quick as the C++ node's
-            out, lse = _forward_planned(plan, q, k, v, stage or "")
+            out, lse = _forward_planned(plan, q, k, v, stage or "", with_lse)
             return (out, lse) if with_lse else out
         node_ops = node.ops_for(plan.library)
         if node_ops is not None:
