@@ -275,7 +275,7 @@ def main(argv=None):
     library = fa_course.load()
     print(f"{torch.cuda.get_device_name()}; PyTorch {torch.__version__}; {library.path}; {args.dtype}"
           f"{' causal' if args.causal else ''}; stages {stages[0]} (forward), {stages[1]} (backward); the op's "
-          f"autograd node: {'C++' if node.ops_for(library) is not None else 'Python (no C++ node for this PyTorch)'}")
+          f"autograd node: {'C++' if node.module_for(library) is not None else 'Python (no C++ node for this PyTorch)'}")
     rows = [
         (f"host us, forward, {tiny_text}", forward_us, "op <= SDPA + 10 us",
          forward_us["op"] <= forward_us["SDPA"] + 10),

@@ -1,11 +1,18 @@
-// fa_course.attention's autograd node in C++: what a call does once Python has chosen its stages
-// (fa_course/ops.py, Plan): allocate O, the LSE and the workspace, call the C ABI, save what the
-// backward pass reads, and in the backward pass allocate dQ, dK, dV and call the C ABI again.
-// ops.py runs it for eager calls that need gradients. Written as a Python autograd.Function, a
+// fa_course.attention's eager calls in C++: what a call does once Python has chosen its stages
+// (fa_course/ops.py, Plan): allocate O, the LSE and the workspace, call the C ABI, and, where the
+// call needs gradients, an autograd node that saves what the backward pass reads and in the backward
+// pass allocates dQ, dK, dV and calls the C ABI again. Written as a Python autograd.Function, a
 // forward and backward pass cost 48-134 µs more host time on an H200 (python/README.md, "The cost
 // of a call"): autograd calls back into Python for every backward pass. Built beside libfa_capi.so
 // where CMake finds PyTorch (python/CMakeLists.txt), for exactly that PyTorch version; ops.py runs
 // its Python Function where there is none.
+//
+// The file is two things at once: a torch library (the Plan class, made through torch.ops once per
+// kind of call) and a Python extension module, fa_torch_node, whose two functions are what a call
+// runs: a pybind11 call costs a few µs less host time than one through torch.ops's dispatcher, and
+// at the shapes where the GPU waits for the host that is the op's whole overhead. A failure comes
+// back as its message (a str), which the Python side raises as the error it stands for
+// (fa_course.node.library_error).
 //
 // The library is the one Python loaded: its fa_forward_v2, fa_backward_v2 and fa_last_error come
 // in as addresses with the plan, so this file includes the C ABI's header and links nothing of it.
@@ -13,10 +20,12 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/autograd.h>
+#include <torch/csrc/utils/pybind.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -78,47 +87,70 @@ at::Tensor workspace(const at::Tensor& like, int64_t bytes) {
   return bytes > 0 ? at::empty({bytes}, like.options().dtype(at::kByte)) : at::Tensor();
 }
 
-// The message ops.py turns back into an FaError (status, stage, call) where the forward pass fails.
-[[noreturn]] void fail(const char* call, const std::string& stage, int status, LastErrorCall last_error) {
-  TORCH_CHECK(false, call, "('", stage, "'): status ", status, ": ", last_error());
+// The message ops.py turns back into an FaError (status, stage, call) where a library call fails.
+std::string failure_message(const char* call, const std::string& stage, int status, LastErrorCall last_error) {
+  return std::string(call) + "('" + stage + "'): status " + std::to_string(status) + ": " + last_error();
 }
 
+// O and, where `with_lse`, the LSE (a training call's, which the backward pass reads), or the
+// library's failure: the forward stage run on q's device and its current stream.
+struct ForwardResult {
+  at::Tensor out;
+  at::Tensor lse;
+  std::string failure;  // empty where the library ran
+};
+
+ForwardResult run_forward(const NodePlan& plan, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          bool with_lse) {
+  const c10::DeviceGuard on_device(q.device());  // the library runs on the current device
+  at::Tensor out = at::empty_like(q);
+  at::Tensor lse = with_lse ? at::empty(plan.lse_shape, q.options().dtype(at::kFloat)) : at::Tensor();
+  const at::Tensor forward_workspace = workspace(q, plan.forward_workspace);
+  fa_forward_args args;
+  fa_init_forward_args(&args);
+  args.problem = &plan.problem;
+  args.q = q.data_ptr();
+  args.k = k.data_ptr();
+  args.v = v.data_ptr();
+  args.o = out.data_ptr();
+  args.lse = with_lse ? lse.data_ptr<float>() : nullptr;
+  args.workspace = forward_workspace.defined() ? forward_workspace.data_ptr() : nullptr;
+  args.stream = current_stream(q);
+  const int status = plan.forward(plan.forward_stage.c_str(), &args);
+  if (status != FA_OK) return {{}, {}, failure_message("fa_forward", plan.forward_stage, status, plan.last_error)};
+  return {out, lse, {}};
+}
+
+// A failure of the forward pass is returned, not thrown: on the lent H200 (GCC 13, PyTorch 2.11) a
+// c10::Error constructed in this file ended the process in a segmentation fault, so nothing here
+// makes one. The backward pass, which autograd runs, can only throw: a std::runtime_error.
 struct Attention : torch::autograd::Function<Attention> {
+  // Where the library fails: an empty output (autograd takes no undefined one), and the message in
+  // `failure`.
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                                                 const at::Tensor& k, const at::Tensor& v, int64_t plan_address,
-                                                bool deterministic, bool with_lse) {
+                                                bool deterministic, bool with_lse, std::string* failure) {
     const c10::intrusive_ptr<NodePlan> plan = plan_at(plan_address);
-    const c10::DeviceGuard on_device(q.device());  // the library runs on the current device
-    at::Tensor out = at::empty_like(q);
-    at::Tensor lse = at::empty(plan->lse_shape, q.options().dtype(at::kFloat));
-    const at::Tensor forward_workspace = workspace(q, plan->forward_workspace);
-    fa_forward_args args;
-    fa_init_forward_args(&args);
-    args.problem = &plan->problem;
-    args.q = q.data_ptr();
-    args.k = k.data_ptr();
-    args.v = v.data_ptr();
-    args.o = out.data_ptr();
-    args.lse = lse.data_ptr<float>();
-    args.workspace = forward_workspace.defined() ? forward_workspace.data_ptr() : nullptr;
-    args.stream = current_stream(q);
-    const int status = plan->forward(plan->forward_stage.c_str(), &args);
-    if (status != FA_OK) fail("fa_forward", plan->forward_stage, status, plan->last_error);
+    ForwardResult result = run_forward(*plan, q, k, v, true);
+    if (!result.failure.empty()) {
+      *failure = std::move(result.failure);
+      return {at::empty({0}, q.options())};
+    }
     ctx->set_materialize_grads(false);  // the LSE's gradient is never read: no zeros made for it
-    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->save_for_backward({q, k, v, result.out, result.lse});
     ctx->saved_data["plan"] = plan;
     ctx->saved_data["deterministic"] = deterministic;
-    if (!with_lse) return {out};
-    ctx->mark_non_differentiable({lse});
-    return {out, lse};
+    if (!with_lse) return {result.out};
+    ctx->mark_non_differentiable({result.lse});
+    return {result.out, result.lse};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const torch::autograd::variable_list none(6);
+    const torch::autograd::variable_list none(7);
     if (!grads[0].defined()) return none;  // O got no gradient: none to pass on
     const auto plan = ctx->saved_data["plan"].toCustomClass<NodePlan>();
-    TORCH_CHECK(!plan->backward_stage.empty(), "fa_course.attention: no stage runs this backward pass");
+    if (plan->backward_stage.empty()) throw std::runtime_error("fa_course.attention: no stage runs this backward pass");
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const c10::DeviceGuard on_device(q.device());
@@ -145,25 +177,49 @@ struct Attention : torch::autograd::Function<Attention> {
     // ops.backward_is_deterministic's rule: asked for by the call, or torch.use_deterministic_algorithms
     args.deterministic = ctx->saved_data["deterministic"].toBool() || at::globalContext().deterministicAlgorithms();
     const int status = plan->backward(plan->backward_stage.c_str(), &args);
-    if (status != FA_OK) fail("fa_backward", plan->backward_stage, status, plan->last_error);
-    return {grad_q, grad_k, grad_v, at::Tensor(), at::Tensor(), at::Tensor()};
+    if (status != FA_OK)
+      throw std::runtime_error(failure_message("fa_backward", plan->backward_stage, status, plan->last_error));
+    return {grad_q, grad_k, grad_v, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t plan, bool deterministic) {
-  return Attention::apply(q, k, v, plan, deterministic, false)[0];
+// The two calls of the module: O, or (O, LSE) where `with_lse`; a str, the failure's message, where
+// the library fails (or PyTorch throws: an allocation it refuses).
+pybind11::object result_or_message(const at::Tensor& out, const at::Tensor& lse, const std::string& failure) {
+  if (!failure.empty()) return pybind11::str(failure);
+  if (!lse.defined()) return pybind11::cast(out);
+  return pybind11::make_tuple(out, lse);
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_with_lse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                      int64_t plan, bool deterministic) {
-  torch::autograd::variable_list outputs = Attention::apply(q, k, v, plan, deterministic, true);
-  return {outputs[0], outputs[1]};
+// A call without gradients: no autograd node, and no LSE unless asked for.
+pybind11::object forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t plan, bool with_lse) {
+  try {
+    const ForwardResult result = run_forward(*plan_at(plan), q, k, v, with_lse);
+    return result_or_message(result.out, result.lse, result.failure);
+  } catch (const c10::Error& error) {
+    return pybind11::str(error.what_without_backtrace());
+  } catch (const std::exception& error) {
+    return pybind11::str(error.what());
+  }
+}
+
+// A call that needs gradients: the outputs of the autograd node (Attention) it makes.
+pybind11::object attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t plan,
+                           bool deterministic, bool with_lse) {
+  try {
+    std::string failure;
+    const torch::autograd::variable_list outputs = Attention::apply(q, k, v, plan, deterministic, with_lse, &failure);
+    return result_or_message(outputs[0], with_lse && failure.empty() ? outputs[1] : at::Tensor(), failure);
+  } catch (const c10::Error& error) {
+    return pybind11::str(error.what_without_backtrace());
+  } catch (const std::exception& error) {
+    return pybind11::str(error.what());
+  }
 }
 
 }  // namespace
 
-// The ops take plain tensors that ops.py has checked. Defined with a function, each is a composite
-// kernel: the dispatcher calls it under every key, autograd's too, and the node records the graph.
+// The plan class, made once per kind of call through torch.ops (ops.py keeps it).
 TORCH_LIBRARY(fa_course_node, m) {
   m.class_<NodePlan>("Plan");
   m.def(
@@ -172,7 +228,12 @@ TORCH_LIBRARY(fa_course_node, m) {
       "-> __torch__.torch.classes.fa_course_node.Plan",
       &make_plan);
   m.def("plan_address(__torch__.torch.classes.fa_course_node.Plan plan) -> int", &plan_address);
-  m.def("attention(Tensor q, Tensor k, Tensor v, int plan, bool deterministic) -> Tensor", &attention);
-  m.def("attention_with_lse(Tensor q, Tensor k, Tensor v, int plan, bool deterministic) -> (Tensor, Tensor)",
-        &attention_with_lse);
+}
+
+// The calls: plain tensors that ops.py has checked, the plan's address (plan_address).
+PYBIND11_MODULE(fa_torch_node, module) {
+  module.def("forward", &forward, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("plan"),
+             pybind11::arg("with_lse"));
+  module.def("attention", &attention, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("plan"),
+             pybind11::arg("deterministic"), pybind11::arg("with_lse"));
 }

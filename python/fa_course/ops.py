@@ -37,10 +37,10 @@ Plan); later calls allocate O, the LSE, the gradients and the workspace as torch
 PyTorch's caching allocator on the current stream (so a CUDA graph captures them: the library
 allocates nothing) and call the library.
 An eager call on plain tensors goes straight to the ops' implementation (_straight says when),
-skipping the dispatcher's round trip; one that needs gradients runs through the autograd node in
-C++ (fa_course.node) where one was built for this PyTorch. Elsewhere autograd is _Attention, an
-autograd.Function around the ops (cheaper than an autograd kernel on them), and torch.compile, fake
-tensors and dispatch modes see the ops.
+skipping the dispatcher's round trip: through the C++ node (fa_course.node; its autograd node where
+the call needs gradients) where one was built for this PyTorch and Python, else in Python here.
+Elsewhere autograd is _Attention, an autograd.Function around the ops (cheaper than an autograd
+kernel on them), and torch.compile, fake tensors and dispatch modes see the ops.
 
 Errors: a tensor on the wrong device, of the wrong dtype, non-contiguous or of mismatched shapes
 raises TypeError or ValueError before anything runs; a problem no stage takes (a head dim past a
@@ -197,7 +197,7 @@ class Plan:
             self._stages[(pass_, requested)] = chosen
         return chosen
 
-    def node_plan(self, node_ops, requested: str, backward_requested: str):
+    def node_plan(self, requested: str, backward_requested: str):
         """(the address of the C++ node's copy of this plan for these stage requests, whether a stage runs
         its backward pass, the copy itself: node.make_plan), made once and kept with this plan. Where no
         stage runs the backward pass, a call that needs gradients runs the Python Function, which
@@ -210,8 +210,8 @@ class Plan:
                 _, backward_id, backward_bytes = self.stage("bwd", backward_requested)
             except UnsupportedProblem:
                 backward_id, backward_bytes = b"", 0
-            kept, address = node.make_plan(node_ops, self.library, self.problem_pointer, forward_id, backward_id,
-                                           forward_bytes, backward_bytes)
+            kept, address = node.make_plan(self.library, self.problem_pointer, forward_id, backward_id, forward_bytes,
+                                           backward_bytes)
             found = (address, bool(backward_id), kept)
             self._node_plans[key] = found
         return found
@@ -416,14 +416,16 @@ def _attention(q, k, v, causal, stage, backward_stage, deterministic, with_lse):
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if _straight(q, k, v):
         plan = plan_for(q, k, v, bool(causal))
-        if not needs_grad:  # no autograd node to make: Python's call is as quick as the C++ node's
+        module = node.module_for(plan.library)
+        if module is not None:
+            address, has_backward, _ = plan.node_plan(stage or "", backward_stage or "")
+            if not needs_grad:
+                return _node_result(module.forward(q, k, v, address, with_lse))
+            if has_backward:
+                return _node_result(module.attention(q, k, v, address, bool(deterministic), with_lse))
+        elif not needs_grad:
             out, lse = _forward_planned(plan, q, k, v, stage or "", with_lse)
             return (out, lse) if with_lse else out
-        node_ops = node.ops_for(plan.library)
-        if node_ops is not None:
-            node_plan, has_backward, _ = plan.node_plan(node_ops, stage or "", backward_stage or "")
-            if has_backward:
-                return _through_node(node_ops, q, k, v, node_plan, bool(deterministic), with_lse)
     if needs_grad:
         return _Attention.apply(q, k, v, bool(causal), stage or "", backward_stage or "", bool(deterministic),
                                 with_lse)
@@ -431,15 +433,12 @@ def _attention(q, k, v, causal, stage, backward_stage, deterministic, with_lse):
     return (out, lse) if with_lse else out
 
 
-def _through_node(node_ops, q, k, v, node_plan, deterministic, with_lse):
-    """The call through the C++ node (fa_course.node); a failure of the library's forward pass raised as
-    the FaError it is."""
-    try:
-        if with_lse:
-            return node_ops.attention_with_lse.default(q, k, v, node_plan, deterministic)
-        return node_ops.attention.default(q, k, v, node_plan, deterministic)
-    except RuntimeError as error:
-        raise node.library_error(error) from None
+def _node_result(result):
+    """What a call of the C++ node returned: its outputs, or, where it failed, its message raised as the
+    error it stands for (an FaError for a failure of the library)."""
+    if result.__class__ is str:
+        raise node.library_error(result)
+    return result
 
 
 def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

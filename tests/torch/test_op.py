@@ -349,7 +349,7 @@ class OpChecks:
 
         built = os.environ.get("FA_TORCH_NODE_BUILT", "")
         expected = os.path.basename(built) == node.FILE_NAME
-        assert (node.ops_for(library) is not None) == expected, f"node built: {built or 'none'}; this PyTorch " \
+        assert (node.module_for(library) is not None) == expected, f"node built: {built or 'none'}; this PyTorch " \
                                                                  f"looks for {node.FILE_NAME}"
         q, k, v, grad_out = make_problem((1, 4, 2, 40, 56, 32), self.dtypes[-1], self.device)
         for causal, with_lse in ((False, False), (True, True)):
@@ -385,6 +385,34 @@ class OpChecks:
         for name, mine, theirs in zip(("dQ", "dK", "dV"), torch.autograd.grad(out, leaves, grad_out), expected):
             torch.testing.assert_close(mine, theirs, msg=name)
 
+    def test_a_library_refusal_in_the_cpp_node_is_raised_as_an_fa_error(self, ops, library):
+        """A failed forward call comes back from the node's module as its message (no C++ exception
+        crosses into Python), which the op raises as the library's FaError, with and without gradients;
+        a failed backward pass is autograd's RuntimeError with the library's message."""
+        from fa_course import capi, node
+
+        module = node.module_for(library)
+        if module is None:
+            assert not os.environ.get("FA_TORCH_NODE_BUILT"), f"{node.FILE_NAME} was built but not loaded"
+            return  # no node for this PyTorch and Python: the op runs its Python code (the test above)
+        q, k, v, _ = make_problem((1, 2, 2, 16, 16, 32), self.dtypes[0], self.device)
+        plan = ops.plan_for(q, k, v, False)
+        # the plan's copy stays alive in `kept` while the calls use its address
+        kept, address = node.make_plan(library, plan.problem_pointer, b"no_such_stage", b"", 0, 0)
+        for result in (module.forward(q, k, v, address, False),
+                       module.attention(*(t.clone().requires_grad_() for t in (q, k, v)), address, False, True)):
+            assert isinstance(result, str), type(result)
+            with pytest.raises(capi.FaError, match="no_such_stage") as raised:
+                ops._node_result(result)
+            assert raised.value.call == "fa_forward" and raised.value.stage == "no_such_stage"
+        # a failure in the backward pass, which autograd runs: a RuntimeError with the library's message
+        _, forward_id, forward_bytes = plan.stage("fwd", "")
+        kept, address = node.make_plan(library, plan.problem_pointer, forward_id, b"no_such_stage", forward_bytes, 0)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = module.attention(*leaves, address, False, False)
+        with pytest.raises(RuntimeError, match=r"fa_backward\('no_such_stage'\): status"):
+            torch.autograd.grad(out, leaves, torch.ones_like(out))
+
     def test_a_library_failure_in_the_cpp_node_is_an_fa_error(self):
         from fa_course import capi, node
 
@@ -395,6 +423,7 @@ class OpChecks:
                                                                           "out of GPU memory")
         other = RuntimeError("CUDA error: an illegal memory access was encountered")
         assert node.library_error(other) is other
+        assert type(node.library_error(str(other))) is RuntimeError and str(node.library_error(str(other))) == str(other)
 
 
 class TestCpuOp(OpChecks):
