@@ -30,8 +30,8 @@ four alike.
 allocated once, with its argument struct built once: what a caller pays who does all the work
 of the op (checks, stage choice, allocation) once, outside the loop. The stages are the op's
 choice (fa_course.chosen_stages), so all three run the same kernels where SDPA is not involved.
-"op (py)" is the op with its C++ autograd node turned off (fa_course.node.use(False) around each
-call, about 0.5 µs): the Python autograd.Function it runs where no node was built for this PyTorch.
+"op (py)" is the op with its C++ node turned off (fa_course.node.use(False) around each call, about
+0.5 µs): the Python path and autograd.Function it runs where no node was built for this PyTorch.
 "Function" is the thinnest op a Python autograd.Function can be: it allocates the outputs and the
 workspace as the op does and makes the bare calls, with no checks and nothing looked up; what it
 costs beyond bare is autograd's and Python's share, which no op written this way avoids.
@@ -273,9 +273,10 @@ def main(argv=None):
     from fa_course import node
 
     library = fa_course.load()
+    runs_in = "C++" if node.module_for(library) is not None else "Python (no C++ node for this PyTorch and Python)"
     print(f"{torch.cuda.get_device_name()}; PyTorch {torch.__version__}; {library.path}; {args.dtype}"
           f"{' causal' if args.causal else ''}; stages {stages[0]} (forward), {stages[1]} (backward); the op's "
-          f"autograd node: {'C++' if node.module_for(library) is not None else 'Python (no C++ node for this PyTorch)'}")
+          f"eager calls: {runs_in}")
     rows = [
         (f"host us, forward, {tiny_text}", forward_us, "op <= SDPA + 10 us",
          forward_us["op"] <= forward_us["SDPA"] + 10),

@@ -423,7 +423,8 @@ class OpChecks:
                                                                           "out of GPU memory")
         other = RuntimeError("CUDA error: an illegal memory access was encountered")
         assert node.library_error(other) is other
-        assert type(node.library_error(str(other))) is RuntimeError and str(node.library_error(str(other))) == str(other)
+        from_message = node.library_error(str(other))  # a message the node's module returned
+        assert type(from_message) is RuntimeError and str(from_message) == str(other)
 
 
 class TestCpuOp(OpChecks):
