@@ -4,8 +4,8 @@
 // pass allocates dQ, dK, dV and calls the C ABI again. Written as a Python autograd.Function, a
 // forward and backward pass cost 48-134 µs more host time on an H200 (python/README.md, "The cost
 // of a call"): autograd calls back into Python for every backward pass. Built beside libfa_capi.so
-// where CMake finds PyTorch (python/CMakeLists.txt), for exactly that PyTorch version; ops.py runs
-// its Python Function where there is none.
+// where CMake finds PyTorch (python/CMakeLists.txt), for exactly that PyTorch and that Python; ops.py
+// runs its Python code where there is none.
 //
 // The file is two things at once: a torch library (the Plan class, made through torch.ops once per
 // kind of call) and a Python extension module, fa_torch_node, whose two functions are what a call
@@ -122,8 +122,9 @@ ForwardResult run_forward(const NodePlan& plan, const at::Tensor& q, const at::T
 }
 
 // A failure of the forward pass is returned, not thrown: on the lent H200 (GCC 13, PyTorch 2.11) a
-// c10::Error constructed in this file ended the process in a segmentation fault, so nothing here
-// makes one. The backward pass, which autograd runs, can only throw: a std::runtime_error.
+// library refusal raised here with TORCH_CHECK (a c10::Error) ended the process in a segmentation
+// fault, so nothing here makes one. The backward pass, which autograd runs, can only throw: a
+// std::runtime_error, which the same machine raised as a RuntimeError.
 struct Attention : torch::autograd::Function<Attention> {
   // Where the library fails: an empty output (autograd takes no undefined one), and the message in
   // `failure`.
