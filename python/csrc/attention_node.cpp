@@ -192,11 +192,12 @@ pybind11::object result_or_message(const at::Tensor& out, const at::Tensor& lse,
   return pybind11::make_tuple(out, lse);
 }
 
-// A call without gradients: no autograd node, and no LSE unless asked for.
-pybind11::object forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t plan, bool with_lse) {
+// A call's result, or the message of what PyTorch or the library threw while making it (an
+// allocation PyTorch refuses): returned as a str like a library failure, never raised from here.
+template <typename Call>
+pybind11::object result_or_thrown_message(Call&& call) {
   try {
-    const ForwardResult result = run_forward(*plan_at(plan), q, k, v, with_lse);
-    return result_or_message(result.out, result.lse, result.failure);
+    return call();
   } catch (const c10::Error& error) {
     return pybind11::str(error.what_without_backtrace());
   } catch (const std::exception& error) {
@@ -204,18 +205,22 @@ pybind11::object forward(const at::Tensor& q, const at::Tensor& k, const at::Ten
   }
 }
 
+// A call without gradients: no autograd node, and no LSE unless asked for.
+pybind11::object forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t plan, bool with_lse) {
+  return result_or_thrown_message([&] {
+    const ForwardResult result = run_forward(*plan_at(plan), q, k, v, with_lse);
+    return result_or_message(result.out, result.lse, result.failure);
+  });
+}
+
 // A call that needs gradients: the outputs of the autograd node (Attention) it makes.
 pybind11::object attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t plan,
                            bool deterministic, bool with_lse) {
-  try {
+  return result_or_thrown_message([&] {
     std::string failure;
     const torch::autograd::variable_list outputs = Attention::apply(q, k, v, plan, deterministic, with_lse, &failure);
     return result_or_message(outputs[0], with_lse && failure.empty() ? outputs[1] : at::Tensor(), failure);
-  } catch (const c10::Error& error) {
-    return pybind11::str(error.what_without_backtrace());
-  } catch (const std::exception& error) {
-    return pybind11::str(error.what());
-  }
+  });
 }
 
 }  // namespace
