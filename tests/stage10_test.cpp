@@ -7,22 +7,113 @@
 // Structural tests (tests/structural_tests.cmake): the PTX holds wgmma.wait_group 1 (a wait that
 // leaves P·V running) and the named barriers' bar.arrive beside bar.sync, and ptxas reports 0 bytes
 // of spill. On a GPU that is not sm_90 every GPU test case here reports skipped.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <tuple>
+
 #include "catch_compat.hpp"
+#include "fa/device.hpp"
 #include "fa/stages.hpp"
 #include "gpu_contract.hpp"
 #include "hopper_cases.hpp"
+#include "last_round.hpp"
 
 FA_GPU_STAGE_CONTRACT("stage10", fa::stages::overlap_fp16, fa::stages::overlap_bf16)
 FA_HOPPER_STAGE_CASES("stage10", fa::stages::overlap_fp16, fa::stages::overlap_bf16)
 
 // No GPU needed: under the causal mask the blocks take their pieces from a queue whose counter lives
-// in the workspace, 16 bytes after the padded copies (16-byte aligned); without the mask nothing.
-TEST_CASE("stage10: under the causal mask the workspace also holds the queue's counter") {
+// in the workspace, 16 bytes after the padded copies (16-byte aligned); without the mask, at D <= 64
+// and with more than one K/V tile, the arrivals and states of the last round's parts (README, "The
+// last round"): per split piece (at most 144) and consumer one counter and kMaxParts states of
+// 128 threads x (32 + 4) floats.
+TEST_CASE("stage10: the workspace holds the queue's counter, or the parts' arrivals and states") {
+  using fa::stages::overlap::kMaxParts;
+  const int64_t state_bytes = 128 * (32 + 4) * 4;
   for (const auto factory : {fa::stages::overlap_fp16, fa::stages::overlap_bf16}) {
     const fa::StageDescriptor stage = factory();
     CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 100, 64, true)) == 16);
     CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 100, 256, true)) == 16);
     CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 100, 60, true)) == (2 * 3 * 100) * 3 * 64 * 2 + 16);
-    CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 100, 64)) == 0);
+    CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 100, 64)) == 0);  // one K/V tile: nothing to split
+    CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 1000, 128)) == 0);
+    // (2, 3, 1000, 64): 6 · 6 pieces of 192 rows, 3 consumers: 108 counters, 108 · kMaxParts states.
+    CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 1000, 64)) == 108 * 4 + 108 * kMaxParts * state_bytes);
+    // (1, 200, 1000, 60): the padded copies first (D = 64); 6 · 200 pieces, of which at most 144 split.
+    const int64_t padded = (200 * 1000) * 3 * 64 * 2;
+    CHECK(fa::workspace_bytes(stage, fa::Problem::square(1, 200, 1000, 60)) ==
+          padded + 144 * 3 * 4 + 144 * 3 * kMaxParts * state_bytes);
+  }
+}
+
+// No GPU needed: the plan of the last round (last_round.hpp). D = 64 on 132 SMs: (1, 16, 16384) has
+// 1376 pieces of 128 tiles, 56 in the last round: two parts each end it in one turn of 64 tiles.
+// (4, 16, 4096): 1408 pieces of 32 tiles, 88 in the last round: three parts each, two turns of 11.
+TEST_CASE("stage10: the last round's pieces are split where that ends the round sooner") {
+  using fa::stages::overlap::kMaxParts;
+  using fa::stages::overlap::kPartOverheadTiles;
+  using fa::stages::overlap::LastRound;
+  using fa::stages::overlap::plan_last_round;
+  const LastRound long_rows = plan_last_round(1376, 128, 132);
+  CHECK(long_rows.split_from == 1320);
+  CHECK(long_rows.parts == 2);
+  CHECK(long_rows.units(1376) == 1320 + 2 * 56);
+  const LastRound short_rows = plan_last_round(1408, 32, 132);
+  CHECK(short_rows.split_from == 1320);
+  CHECK(short_rows.parts == 3);
+  // Whole rounds, one tile, or a split that would not end the round sooner: nothing split.
+  for (const LastRound& plan : {plan_last_round(264, 32, 132), plan_last_round(200, 1, 132),
+                                plan_last_round(96, 8, 132), plan_last_round(131, 32, 132)}) {
+    CHECK(plan.parts == 1);
+  }
+  // Over counts of pieces, tiles and SMs: the split pieces are the last round's, every part has a
+  // tile, and the round, counted as the plan counts, ends sooner.
+  int splits = 0;
+  for (const int64_t blocks : {114, 132}) {
+    for (int64_t pieces = 1; pieces <= 3 * blocks; pieces += 5) {
+      for (const int64_t tiles : {1, 2, 3, 8, 33, 128}) {
+        const LastRound plan = plan_last_round(pieces, tiles, blocks);
+        INFO("pieces " << pieces << ", tiles " << tiles << ", SMs " << blocks);
+        if (plan.parts == 1) {
+          CHECK(plan.split_from == pieces);
+          continue;
+        }
+        ++splits;
+        const int64_t rest = pieces % blocks;
+        CHECK(plan.split_from == pieces - rest);
+        CHECK(plan.parts <= kMaxParts);
+        CHECK(plan.parts <= tiles);
+        const int64_t turns = (rest * plan.parts + blocks - 1) / blocks;
+        CHECK(turns * ((tiles + plan.parts - 1) / plan.parts + kPartOverheadTiles) < tiles + kPartOverheadTiles);
+      }
+    }
+  }
+  CHECK(splits > 100);
+}
+
+// The split path on the GPU: shapes made for this GPU's count of SMs so that the plan splits the last
+// round's pieces in two and in three parts (REQUIREd first), with grouped heads, Nq != Nk, partial
+// tiles, the padded copies (D = 60) and the log-sum-exp; every row checked.
+TEST_CASE("stage10: the last round's pieces split in parts and merged, with the log-sum-exp") {
+  using fa::stages::overlap::plan_last_round;
+  for (const auto factory : {fa::stages::overlap_fp16, fa::stages::overlap_bf16}) {
+    const fa::StageDescriptor stage = factory();
+    fa::test::require_stage_runnable(stage);
+    int device = 0;
+    int sms = 0;
+    REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+    REQUIRE(fa::multiprocessor_count(device, &sms).ok());
+    uint64_t seed = 1010;
+    // {query heads, keys, parts}: one query tile a head (Nq = 150), so the pieces are the heads.
+    for (const auto& [heads, keys, parts] : {std::tuple<int64_t, int64_t, int>{sms + sms / 2, 1100, 2},
+                                             std::tuple<int64_t, int64_t, int>{sms + sms / 3, 1500, 3}}) {
+      REQUIRE(plan_last_round(heads, (keys + 127) / 128, sms).parts == parts);
+      const int64_t kv_heads = heads % 3 == 0 ? heads / 3 : heads;
+      for (const int64_t dim : {64, 60}) {
+        INFO("Hq " << heads << ", Hkv " << kv_heads << ", Nk " << keys << ", D " << dim << ", parts " << parts);
+        fa::test::check_stage_on(
+            stage, fa::random_inputs(fa::Problem{1, heads, kv_heads, 150, keys, dim, false}, seed++), 0, true);
+      }
+    }
   }
 }

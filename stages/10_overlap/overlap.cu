@@ -56,6 +56,7 @@
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
+#include "last_round.hpp"
 
 // wgmma and setmaxnreg exist only in the sm_90a target (the 'a' is for "architecture-specific":
 // code built for it runs on compute capability 9.0 and nothing else). CMake builds this stage for
@@ -69,6 +70,11 @@
 
 namespace fa::stages {
 namespace {
+
+using overlap::kMaxParts;
+using overlap::kMaxSplitPieces;
+using overlap::LastRound;
+using overlap::plan_last_round;
 
 using kernel::kMmaColumns;
 using kernel::kMmaDepth;
@@ -139,6 +145,10 @@ struct Tiling {
   static constexpr int kQueryBuffers = kOutTile && kBaseBytes + 2 * kQueryTileBytes <= kSharedBytesPerBlock ? 2 : 1;
   static constexpr int kSharedBytes =
       kBaseBytes + (kOutTile ? kQueryTileBytes : 0) + (kQueryBuffers - 1) * kQueryTileBytes;
+  // Where the blocks are persistent and the softmax does not run under P·V (D = 64), the pieces of a
+  // launch's last, partial round may be split by their key tiles into parts (README, "The last
+  // round"). At D = 128 a whole last round gained nothing, and the parts' state spills.
+  static constexpr bool kSplitLastRound = kOutTile && !kOverlap;
 
   static constexpr int kRegistersAtLaunch = 65536 / kThreads / 8 * 8;
   static_assert(kDim % kPanelColumns == 0, "a tile is whole 64-column panels");
@@ -166,8 +176,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
                                 const __grid_constant__ CUtensorMap value_map,
                                 const __grid_constant__ CUtensorMap out_map, Element* __restrict__ o,
                                 float* __restrict__ lse, int q_seq, int kv_seq, int dim, int query_tiles, int q_heads,
-                                int kv_heads, int heads_total, int pieces, int* __restrict__ piece_counter, bool causal,
-                                bool store_by_copy_engine, float scale_log2) {
+                                int kv_heads, int heads_total, int pieces, int* __restrict__ piece_counter,
+                                int split_from, int parts, float* __restrict__ part_states,
+                                int* __restrict__ part_arrivals, bool causal, bool store_by_copy_engine,
+                                float scale_log2) {
 #if FA_SM90A_DEVICE_CODE
   using T = Tiling<kDim>;
   using namespace kernel;
@@ -196,10 +208,21 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   const auto key_slot = [&](int slot) { return ring + 2 * slot * T::kKvTileBytes; };
   const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * T::kKvTileBytes; };
 
-  // The pieces (kernel/tma_forward.cuh).
+  // The pieces (kernel/tma_forward.cuh); from `split_from` on, the parts of the last round's pieces
+  // (README, "The last round"): index split_from + s · parts + p is part p of piece split_from + s,
+  // its key tiles p · tiles / parts .. (p + 1) · tiles / parts - 1.
   const auto piece_at = [&](int64_t index) {
-    return kernel::piece_at<T::kQueryRows, T::kKeys>(index, query_tiles, heads_total, q_heads, kv_heads, q_seq, kv_seq,
-                                                     causal);
+    const auto whole = [&](int64_t of) {
+      return kernel::piece_at<T::kQueryRows, T::kKeys>(of, query_tiles, heads_total, q_heads, kv_heads, q_seq, kv_seq,
+                                                       causal);
+    };
+    if (!T::kSplitLastRound || index < split_from) return whole(index);
+    const int64_t unit = index - split_from;
+    Piece piece = whole(split_from + unit / parts);
+    const int part = static_cast<int>(unit % parts);
+    piece.first_tile = part * piece.tiles / parts;
+    piece.tiles = (part + 1) * piece.tiles / parts;
+    return piece;
   };
 
   // One thread sets up the barriers. A "full" barrier expects one arrival (the producer's, which
@@ -317,8 +340,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       start_rows<kDim>(out, row_max, row_sum, warp_first_row, group, q_seq, kv_seq, causal);
       // The online softmax of stage 09 on S of the piece's tile `tile`.
       const auto softmax = [&](int tile, float(&rescale)[2]) {
-        softmax_step<T::kKeys>(scores, tile * T::kKeys, piece.unmasked_keys, quad, key_limit, row_max, row_sum, rescale,
-                               scale_log2);
+        softmax_step<T::kKeys>(scores, (piece.first_tile + tile) * T::kKeys, piece.unmasked_keys, quad, key_limit,
+                               row_max, row_sum, rescale, scale_log2);
       };
 
       barrier_wait(&query_full[round % T::kQueryBuffers], (round / T::kQueryBuffers) & 1);
@@ -330,7 +353,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // still on the tensor cores. Only then does it wait for P·V, rescale O by the new max and
       // overwrite P. (In the SASS the wait for P·V comes before the softmax's exponentials: README,
       // "What the compiler made of it".) A piece whose rows see no key takes no turn at all.
-      const int tiles = piece.tiles;
+      const int tiles = piece.tiles - piece.first_tile;
       float rescale[2];
       // Round t (issue_round): S of tile t issued, O rescaled by the factor of tile t - 1 (so that
       // nothing reads O after the wait: README), P·V of tile t - 1 issued; the wait for S alone, the
@@ -430,11 +453,23 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       ring_tile += tiles;
 
       // ---- The epilogue ----------------------------------------------------------------------
+      // A part of a split piece leaves its state in the workspace; the last of the piece's parts to
+      // arrive merges them all and writes the rows (README, "The last round").
+      bool writes = true;
+      if (T::kSplitLastRound && index >= split_from) {
+        const int64_t unit = index - split_from;
+        const int64_t slot = unit / parts * T::kConsumers + consumer;
+        writes = merge_parts<kDim>(out, row_max, row_sum,
+                                   part_states + slot * parts * kPartStateFloats<kDim> * kWarpgroupThreads,
+                                   part_arrivals + slot, parts, static_cast<int>(unit % parts), consumer, thread);
+      }
       // O / l staged in this warpgroup's own 64 rows of the O tile (or of the Q tile, no longer read
       // by anyone: its last wgmma has completed), then written out (kernel/tma_forward.cuh).
-      write_piece_output<Element, kDim, T::kPanels, T::kQueryPanelBytes, !T::kOutTile>(
-          out, row_max, row_sum, out_tile, consumer, thread, warp, lane, group, quad, consumer_first_row, q_seq, dim,
-          lse, piece.query_head, &out_map, o, store_by_copy_engine, query_free);
+      if (writes) {
+        write_piece_output<Element, kDim, T::kPanels, T::kQueryPanelBytes, !T::kOutTile>(
+            out, row_max, row_sum, out_tile, consumer, thread, warp, lane, group, quad, consumer_first_row, q_seq, dim,
+            lse, piece.query_head, &out_map, o, store_by_copy_engine, query_free);
+      }
       // The next piece: the next in turn, or the queue's, whose index the producer wrote beside its Q
       // (`pieces` when there is none).
       if (queue == nullptr) {
@@ -453,14 +488,34 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 #endif
 }
 
-// The workspace: stage 09's padded copies of Q, K and V where D is not a multiple of 8, then under
-// the causal mask the queue's counter, 16-byte aligned.
+// The workspace: stage 09's padded copies of Q, K and V where D is not a multiple of 8, then, 16-byte
+// aligned, under the causal mask the queue's counter; without it, where pieces may be split (D <= 64,
+// more than one K/V tile), a counter of arrivals per split piece and consumer, then their states.
 int64_t queue_offset(const Problem& problem) {
   return (kernel::tma_workspace_bytes(problem, Pass::forward) + 15) / 16 * 16;
 }
 
+struct SplitSpace {
+  int64_t arrivals;       // ints
+  int64_t states_offset;  // bytes from the workspace's start
+  int64_t state_floats;
+  int64_t bytes() const { return states_offset + state_floats * 4; }
+};
+
+template <int kDim>
+SplitSpace split_space(const Problem& problem) {
+  using T = Tiling<kDim>;
+  const int64_t pieces = (problem.q_seq + T::kQueryRows - 1) / T::kQueryRows * problem.q_heads_total();
+  const int64_t split_pieces = T::kSplitLastRound && problem.kv_seq > T::kKeys ? std::min(pieces, kMaxSplitPieces) : 0;
+  const int64_t arrivals = split_pieces * T::kConsumers;
+  return {arrivals, queue_offset(problem) + (arrivals * 4 + 15) / 16 * 16,
+          arrivals * kMaxParts * kernel::kPartStateFloats<kDim> * kWarpgroupThreads};
+}
+
 int64_t workspace_bytes(const Problem& problem, Pass pass) {
-  return problem.causal ? queue_offset(problem) + 16 : kernel::tma_workspace_bytes(problem, pass);
+  if (problem.causal) return queue_offset(problem) + 16;
+  int64_t bytes = kernel::tma_workspace_bytes(problem, pass);
+  return problem.dim <= 64 ? std::max(bytes, split_space<64>(problem).bytes()) : bytes;
 }
 
 template <typename Element, int kDim>
@@ -486,13 +541,30 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
     FA_CUDA_TRY(cudaMemsetAsync(piece_counter, 0, sizeof(int), args.stream));
   }
   int64_t blocks = pieces;
+  LastRound last_round{pieces, 1};
+  const SplitSpace split = split_space<kDim>(problem);
+  float* part_states = nullptr;
+  int* part_arrivals = nullptr;
   if (T::kOutTile && (!problem.causal || piece_counter != nullptr)) {
     int device = 0;
     int multiprocessors = 0;
     FA_CUDA_TRY(cudaGetDevice(&device));
     FA_STATUS_TRY(multiprocessor_count(device, &multiprocessors));
-    blocks = std::min<int64_t>(pieces, multiprocessors);
+    // Without the mask the pieces are alike: the last round's may be split (README, "The last round").
+    if (!problem.causal && split.arrivals > 0 && args.workspace != nullptr) {
+      const int64_t tiles = (problem.kv_seq + T::kKeys - 1) / T::kKeys;
+      last_round = plan_last_round(pieces, tiles, multiprocessors);
+    }
+    if (last_round.parts > 1) {
+      unsigned char* workspace = static_cast<unsigned char*>(args.workspace);
+      part_arrivals = reinterpret_cast<int*>(workspace + queue_offset(problem));
+      part_states = reinterpret_cast<float*>(workspace + split.states_offset);
+      const int64_t arrivals = (pieces - last_round.split_from) * T::kConsumers;
+      FA_CUDA_TRY(cudaMemsetAsync(part_arrivals, 0, static_cast<std::size_t>(arrivals) * 4, args.stream));
+    }
+    blocks = std::min<int64_t>(last_round.units(pieces), multiprocessors);
   }
+  FA_STATUS_TRY(check_grid(last_round.units(pieces)));
   const float scale_log2 = softmax_scale(problem) * kernel::kLog2e;
   // Every count below fits an int: the runner has checked the problem against validate_problem's
   // limits (B·Hq <= 2^20, N <= 2^24) and the pieces against 2^31 - 1.
@@ -500,7 +572,8 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
       maps.query, maps.key, maps.value, maps.out, static_cast<Element*>(args.o), args.lse,
       static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim),
       static_cast<int>(query_tiles), static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads),
-      static_cast<int>(problem.q_heads_total()), static_cast<int>(pieces), piece_counter, problem.causal,
+      static_cast<int>(problem.q_heads_total()), static_cast<int>(last_round.units(pieces)), piece_counter,
+      static_cast<int>(last_round.split_from), last_round.parts, part_states, part_arrivals, problem.causal,
       inputs.store_by_copy_engine, scale_log2);
   FA_LAUNCH_TRY();
   return Status();

@@ -15,6 +15,7 @@
 
 #include "fa/causal.hpp"
 #include "fa/kernel/accumulator_softmax.cuh"
+#include "fa/kernel/exp2.cuh"
 #include "fa/kernel/launch_order.cuh"
 #include "fa/kernel/tma_ring.cuh"
 #include "fa/kernel/wgmma_epilogue.cuh"
@@ -27,12 +28,14 @@ namespace fa::kernel {
 // them, or with the causal mask those its last valid row sees; tiles past that are never loaded.
 // Keys below `unmasked_keys` are visible to every row of the piece, so only tiles reaching past it
 // need the mask. The producer and the consumers compute the same pieces and counts: every tile the
-// producer loads is consumed.
+// producer loads is consumed. A piece's K/V tiles are first_tile .. tiles - 1: all from 0, or one part
+// of them where a piece is split (stage 10's README, "The last round").
 struct Piece {
   int query_head;
   int kv_head;
   int first_row;
   int unmasked_keys;
+  int first_tile;
   int tiles;
 };
 
@@ -48,6 +51,7 @@ __device__ __forceinline__ Piece piece_at(int64_t index, const int& query_tiles,
   const int last_row = min(q_seq, piece.first_row + kQueryRows) - 1;
   const int key_end = causal ? static_cast<int>(causal_key_end(last_row, q_seq, kv_seq)) : kv_seq;
   piece.unmasked_keys = causal ? static_cast<int>(causal_key_end(piece.first_row, q_seq, kv_seq)) : kv_seq;
+  piece.first_tile = 0;
   piece.tiles = (key_end + kKeys - 1) / kKeys;
   return piece;
 }
@@ -123,7 +127,7 @@ __device__ __forceinline__ void produce_pieces(const PieceAt& piece_at, const in
     barrier_arrive_expect_bytes(&query_full[buffer], kQueryTileBytes);
     copy_tile_to_shared<kPanels, kQueryPanelBytes>(query_tiles + buffer * kQueryTileBytes, query_map,
                                                    &query_full[buffer], piece.first_row, piece.query_head);
-    for (int tile = 0; tile < piece.tiles; ++tile, ++ring_tile) {
+    for (int tile = piece.first_tile; tile < piece.tiles; ++tile, ++ring_tile) {
       const int slot = ring_tile % kStages;
       const int pass = ring_tile / kStages;
       const int key_base = tile * kKeys;
@@ -186,6 +190,66 @@ __device__ __forceinline__ void write_piece_output(const float (&out)[kDim / 2],
     sync_threads(1 + consumer, kWarpgroupThreads);
     release_to_producer(query_free, lane);
   }
+}
+
+// The parts of a split piece (taught in stage 10's README, "The last round"): a piece of a launch's
+// last, partial round may be split by its key tiles into parts, a block each. Each consumer
+// warpgroup of a part leaves its state in `states`, its (split piece, consumer)'s slots of the
+// workspace: O unnormalized, the running max m and its share of l, kPartStateFloats a thread; float
+// i of thread t of part p at (p · kPartStateFloats + i) · 128 + t, so that a warpgroup's stores and
+// loads are coalesced. Then it counts itself on `arrivals` (zeroed by the launch). The last of the
+// `parts` to arrive folds the others into its own state (each part's O and l scaled by
+// 2^(m_part - m), m the largest of them, as stage 12 merges its splits) and returns true: it writes
+// the rows. The others return false. Named barrier 1 + consumer, as the epilogue's.
+template <int kDim>
+constexpr int kPartStateFloats = kDim / 2 + 4;
+
+template <int kDim>
+__device__ __forceinline__ bool merge_parts(float (&out)[kDim / 2], float (&row_max)[2], float (&row_sum)[2],
+                                            float* states, int* arrivals, int parts, int part, int consumer,
+                                            int thread) {
+  constexpr int kMax = kDim / 2;
+  constexpr int kSum = kDim / 2 + 2;
+  const auto state = [&](int of_part, int i) {
+    return states + (of_part * kPartStateFloats<kDim> + i) * kWarpgroupThreads + thread;
+  };
+#pragma unroll
+  for (int i = 0; i < kDim / 2; ++i) *state(part, i) = out[i];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    *state(part, kMax + half) = row_max[half];
+    *state(part, kSum + half) = row_sum[half];
+  }
+  // Thread 0 counts the warpgroup once all its states are stored (the barrier), fenced on both sides:
+  // this part's state is visible to the whole GPU before its arrival, and the last part reads the
+  // others' only after it has seen their arrivals (from L2: __ldcg).
+  sync_threads(1 + consumer, kWarpgroupThreads);
+  bool last = false;
+  if (thread == 0) {
+    __threadfence();
+    last = atomicAdd(arrivals, 1) == parts - 1;
+    __threadfence();
+  }
+  if (!any_threads(1 + consumer, kWarpgroupThreads, last)) return false;
+  for (int other = 0; other < parts; ++other) {
+    if (other == part) continue;
+    float mine[2];
+    float theirs[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float their_max = __ldcg(state(other, kMax + half));
+      const float merged_max = fmaxf(row_max[half], their_max);
+      // A row that saw no key in either part keeps m = -inf, its O and l zero (never inf - inf).
+      const float shift = merged_max == -INFINITY ? 0.0f : merged_max;
+      mine[half] = fast_exp2(row_max[half] - shift);
+      theirs[half] = fast_exp2(their_max - shift);
+      row_sum[half] = row_sum[half] * mine[half] + __ldcg(state(other, kSum + half)) * theirs[half];
+      row_max[half] = merged_max;
+    }
+#pragma unroll
+    for (int i = 0; i < kDim / 2; ++i) out[i] = out[i] * mine[i % 4 / 2] + __ldcg(state(other, i)) * theirs[i % 4 / 2];
+  }
+  return true;
 }
 
 }  // namespace fa::kernel

@@ -54,6 +54,23 @@ __device__ __forceinline__ void arrive_threads(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// A named barrier that also reduces a predicate (taught in stage 10's README, "The last round"):
+// like sync_threads, and each of the `threads` learns whether any of them passed true.
+__device__ __forceinline__ bool any_threads(int id, int threads, bool predicate) {
+  int any;
+  asm volatile(
+      "{\n"
+      ".reg .pred mine, all;\n"
+      "setp.ne.b32 mine, %1, 0;\n"
+      "bar.red.or.pred all, %2, %3, mine;\n"
+      "selp.b32 %0, 1, 0, all;\n"
+      "}\n"
+      : "=r"(any)
+      : "r"(static_cast<int>(predicate)), "r"(id), "r"(threads)
+      : "memory");
+  return any != 0;
+}
+
 // ---- The shared-memory matrix descriptor -----------------------------------------------------
 
 // A 64-bit description of an operand tile in shared memory, for tiles written with the 128-byte
