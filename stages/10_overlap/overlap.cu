@@ -454,7 +454,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 
       // ---- The epilogue ----------------------------------------------------------------------
       // A part of a split piece leaves its state in the workspace; the last of the piece's parts to
-      // arrive merges them all and writes the rows (README, "The last round").
+      // arrive merges them all and writes the rows (README, "The last round"). The others pass
+      // through the epilogue with their first row at Nq, where nothing is written: a branch around
+      // it would move the loop's matrix descriptors out of uniform registers (ptxas 13.0).
       bool writes = true;
       if (T::kSplitLastRound && index >= split_from) {
         const int64_t unit = index - split_from;
@@ -465,11 +467,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       }
       // O / l staged in this warpgroup's own 64 rows of the O tile (or of the Q tile, no longer read
       // by anyone: its last wgmma has completed), then written out (kernel/tma_forward.cuh).
-      if (writes) {
-        write_piece_output<Element, kDim, T::kPanels, T::kQueryPanelBytes, !T::kOutTile>(
-            out, row_max, row_sum, out_tile, consumer, thread, warp, lane, group, quad, consumer_first_row, q_seq, dim,
-            lse, piece.query_head, &out_map, o, store_by_copy_engine, query_free);
-      }
+      write_piece_output<Element, kDim, T::kPanels, T::kQueryPanelBytes, !T::kOutTile>(
+          out, row_max, row_sum, out_tile, consumer, thread, warp, lane, group, quad,
+          writes ? consumer_first_row : q_seq, q_seq, dim, lse, piece.query_head, &out_map, o, store_by_copy_engine,
+          query_free);
       // The next piece: the next in turn, or the queue's, whose index the producer wrote beside its Q
       // (`pieces` when there is none).
       if (queue == nullptr) {
