@@ -24,7 +24,9 @@
 // start, set up its barriers and wait for its first Q and K before any product could run: gaps that
 // weigh most at short sequences (N = 1024: 8 K/V tiles a piece). Here the producer runs ahead into
 // the next piece: its K/V tiles fill the ring, and its Q lands in the other Q tile, while the
-// consumers still finish the last piece's P·V and write its O.
+// consumers still finish the last piece's P·V and write its O. At D = 64 without the mask, the
+// pieces of the last, partial round are split by their key tiles into parts, one block each, and
+// the last part to finish merges their states (README, "The last round").
 //
 // Everything else (causal masking, grouped-query heads, Nq != Nk, any N, head dims 1 .. 256 in
 // buckets with padded copies for D % 8 != 0, the log-sum-exp, the TMA store of O) is stage 09's, with

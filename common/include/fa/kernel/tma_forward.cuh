@@ -2,7 +2,8 @@
 // computes, a consumer warpgroup's running state and its softmax step (taught in stage 09's README,
 // "The block" and "Causal masking, partial tiles, head dims, general shapes"), and the producer
 // loop and the epilogue of a persistent block, which loops over pieces (taught in stage 10's
-// README, "Persistent blocks"). Stage 09 writes its producer and epilogue out as the lesson; stage
+// README, "Persistent blocks"), and the merge of a piece split in parts by its key tiles (stage 10's
+// README, "The last round"). Stage 09 writes its producer and epilogue out as the lesson; stage
 // 10 composes these around its own schedule; stage 14 the piece and the starting state (its 8-bit
 // tiles and descales take a producer and an epilogue of their own). The scalars that are a kernel's
 // parameters (the problem's sizes, `causal`, the scale) are taken by reference, so each is read
