@@ -117,6 +117,8 @@ phase_sanitize() {
     # that cross query heads and parts of light tiles with no step.
     [ "$stage" = 13_wgmma_backward ] && shapes+=("--heads 4 --kv-heads 1 --seq 1000 --seq-k 600 --dim 128"
       "--heads 8 --kv-heads 1 --seq 1000 --seq-k 1300 --dim 64 --causal")
+    # A persistent stage: more pieces than SMs, under the mask from the queue; without it at D = 64
+    # (288 pieces), on 132 SMs the last round's 24 pieces split in three parts each (stage 10).
     is_persistent_stage "$stage" && shapes+=("--batch 2 --heads 16 --seq 1024 --dim 128 --causal"
       "--batch 2 --heads 16 --seq 1500 --dim 64 --causal --lse" "--batch 3 --heads 16 --seq 1000 --dim 64")
     # A decoding stage: split keys and a merge (D = 128, 100 on the synchronous copies, 256), and
