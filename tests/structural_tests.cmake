@@ -109,6 +109,11 @@ fa_add_spill_test(NAME "stage10: ptxas spills nothing to local memory (sm_90a)"
 fa_add_sass_test(NAME "stage10: SASS runs the softmax's exponentials between the wait for S and the wait for P·V (sm_90a)"
   STAGE 10_overlap SOURCE overlap.cu ARCH 90a SCRIPT ${PROJECT_SOURCE_DIR}/tests/sass_overlap_check.py
   ARGS --plain-dims 64)
+# wgmma reads its matrix descriptors from uniform registers: in stages 10, 12 and 13 the round loop
+# keeps them there, without an R2UR (stage 10's README, "The last round": 12 a round cost 7 %).
+# Stage 09 reads its warpgroup from threadIdx.x and moves them every round (8-32 R2UR).
+fa_add_sass_test(NAME "stage10: SASS keeps the round loop's matrix descriptors in uniform registers (sm_90a)"
+  STAGE 10_overlap SOURCE overlap.cu ARCH 90a SCRIPT ${PROJECT_SOURCE_DIR}/tests/sass_round_loop_check.py)
 # Stage 12 needs sm_80: stage 08's mma.sync, ldmatrix and cp.async, now in a split-KV kernel of each
 # head-dim bucket (64, 128, 256) beside the merge kernel; up to D = 128 also the kernel whose warps
 # split the keys (Lb1ELb1E: async copies, keys across warps), and the merge whose four warps share a
@@ -150,6 +155,8 @@ fa_add_structural_test(NAME "stage12: on Hopper a 64-row tile runs on wgmma, its
   PATTERN "griddepcontrol\\.launch_dependents")
 fa_add_spill_test(NAME "stage12: the wgmma kernel spills nothing to local memory (sm_90a)"
   STAGE 12_split_kv SOURCE split_kv_wgmma.cu ARCH 90a)
+fa_add_sass_test(NAME "stage12: SASS keeps the wgmma kernel's round-loop descriptors in uniform registers (sm_90a)"
+  STAGE 12_split_kv SOURCE split_kv_wgmma.cu ARCH 90a SCRIPT ${PROJECT_SOURCE_DIR}/tests/sass_round_loop_check.py)
 # Stage 13 is sm_90a only: the backward's five products as wgmma in both precisions (at D = 128:
 # Sᵀ and dPᵀ with both operands K-major in shared memory, dV and dK with Pᵀ and dSᵀ as register A
 # operands and dO, Q read MN-major, dQ with both operands read MN-major), the TMA ring and the bulk
@@ -187,6 +194,8 @@ fa_add_structural_test(NAME "stage13: PTX issues the five products as wgmma, the
 # registers: no kernel may spill.
 fa_add_spill_test(NAME "stage13: ptxas spills nothing to local memory (sm_90a)"
   STAGE 13_wgmma_backward SOURCE wgmma_backward.cu ARCH 90a)
+fa_add_sass_test(NAME "stage13: SASS keeps the round loops' matrix descriptors in uniform registers (sm_90a)"
+  STAGE 13_wgmma_backward SOURCE wgmma_backward.cu ARCH 90a SCRIPT ${PROJECT_SOURCE_DIR}/tests/sass_round_loop_check.py)
 # Stage 14 (FP8, sm_90a; not a stage of the registry: stages/14_fp8/CMakeLists.txt registers its
 # source folder): both products as e4m3 wgmma (S from shared memory at 64, 128 and 192 keys, O += P·V
 # with P from registers in every bucket), the TMA ring, setmaxnreg, and P quantized in registers by

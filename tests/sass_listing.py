@@ -1,0 +1,63 @@
+"""The machine code (SASS) of a stage, for the structural tests that read it: the stage's PTX
+assembled with ptxas, the cubin disassembled with cuobjdump (PyPI: nvidia-cuda-cuobjdump with
+nvidia-cuda-nvdisasm, in requirements.txt), split by kernel into (address, instruction) pairs.
+Used by sass_overlap_check.py and sass_round_loop_check.py; `arguments` gives both their common
+options (--ptxas PTXAS --ptx FILE --arch 90a [--root REPO])."""
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+
+def arguments(description):
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--ptxas", required=True)
+    parser.add_argument("--ptx", required=True)
+    parser.add_argument("--arch", required=True)
+    parser.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return parser
+
+
+def find_cuobjdump(ptxas, root):
+    candidates = [os.environ.get("FA_CUOBJDUMP", ""), shutil.which("cuobjdump") or "",
+                  os.path.join(os.path.dirname(ptxas), "cuobjdump")]
+    # nvidia-cuda-cuobjdump puts it in site-packages/nvidia/cu<major>/bin (this Python's, or the
+    # course's .venv made by scripts/lib/setup.sh from requirements.txt).
+    for base in sys.path + glob.glob(os.path.join(root, ".venv", "lib", "python*", "site-packages")):
+        candidates += glob.glob(os.path.join(base, "nvidia", "*", "bin", "cuobjdump"))
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def kernel_listings(args):
+    """{kernel name: [(address, instruction), ...]}, or None after printing why there is none."""
+    cuobjdump = find_cuobjdump(args.ptxas, args.root)
+    if cuobjdump is None:
+        print("cuobjdump not found: pip install nvidia-cuda-cuobjdump (requirements.txt), or set FA_CUOBJDUMP")
+        return None
+    with tempfile.TemporaryDirectory() as work:
+        cubin = os.path.join(work, "stage.cubin")
+        subprocess.run([args.ptxas, f"-arch=sm_{args.arch}", args.ptx, "-o", cubin], check=True)
+        listing = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True)
+    if listing.returncode != 0:
+        # cuobjdump -sass runs nvdisasm (PyPI: nvidia-cuda-nvdisasm, in requirements.txt)
+        print(f"{cuobjdump} -sass failed: {listing.stderr.strip()}")
+        return None
+    kernels = {}
+    name = None
+    for line in listing.stdout.splitlines():
+        match = re.match(r"\s+Function : (\S+)", line)
+        if match:
+            name = match.group(1)
+            kernels[name] = []
+            continue
+        match = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if name and match:
+            kernels[name].append((int(match.group(1), 16), match.group(2)))
+    return kernels
