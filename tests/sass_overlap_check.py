@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Stage 10's structural test on the machine code (SASS): in every kernel, a round's softmax runs
 between the wait for S (WARPGROUP.DEPBAR.LE gsb0, 0x1: P·V may still run) and the wait for P·V
-(WARPGROUP.DEPBAR.LE gsb0, 0x0). Reads the stage's SASS (sass_listing.py) and counts the
-MUFU.EX2 after each wait for S up to the next wait for P·V. Fails when a kernel has no such wait, or when the count
-after every one of them is zero (ptxas hoisted the wait above the exponentials). The kernels of the
-head dims named by --plain-dims run the round without the overlap (Tiling::kOverlap false): they
+(WARPGROUP.DEPBAR.LE gsb0, 0x0). Reads the stage's SASS (sass_listing.py) and counts the MUFU.EX2
+after each wait for S up to the next wait for P·V. Fails when a kernel has no such wait, or when the
+count after every one of them is zero (ptxas hoisted the wait above the exponentials). The kernels of
+the head dims named by --plain-dims run the round without the overlap (Tiling::kOverlap false): they
 must wait for both products at once and never for S alone.
 
   sass_overlap_check.py --ptxas PTXAS --ptx FILE --arch 90a [--plain-dims 64] [--root REPO]
@@ -25,9 +25,9 @@ def main():
     checked = 0
     failed = False
     for name, listing in kernels.items():
-        lines = [instruction for _, instruction in listing]
         if "attention_kernel" not in name:
             continue
+        lines = [instruction for _, instruction in listing]
         checked += 1
         if any(f"Li{dim}E" in name for dim in plain_dims):  # the kernel's head-dim template argument
             waits_for_s = sum("WARPGROUP.DEPBAR.LE gsb0, 0x1" in line for line in lines)
