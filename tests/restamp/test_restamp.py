@@ -184,6 +184,16 @@ class Chain(unittest.TestCase):
         with self.assertRaisesRegex(data.DataError, "restamps.csv: header"):
             data.check(self.folder)
 
+    def test_the_commit_env_txt_names_is_taken_whole_or_not_at_all(self):
+        head = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        measured = "1" * 16
+        for named, expected in ((head[:7], [head]), (head, [head]), ("0" * 12, [])):
+            with open(os.path.join(self.folder, data.ENV_FILE), "w") as handle:
+                handle.write(f"commit: {named}\nsource_hash 04_online_softmax: {measured}\n")
+            self.assertEqual(restamp.env_commit(self.folder, "04_online_softmax", measured), expected, named)
+        self.assertEqual(restamp.env_commit(self.folder, "04_online_softmax", "2" * 16), [])
+
 
 class Methods(unittest.TestCase):
     """The method hashes: the code that times and checks, per kind."""
