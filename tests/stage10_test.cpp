@@ -24,12 +24,13 @@ FA_HOPPER_STAGE_CASES("stage10", fa::stages::overlap_fp16, fa::stages::overlap_b
 
 // No GPU needed: under the causal mask the blocks take their pieces from a queue whose counter lives
 // in the workspace, 16 bytes after the padded copies (16-byte aligned); without the mask, at D <= 64
-// and with more than one K/V tile, the arrivals and states of the last round's parts (README, "The
-// last round"): per split piece (at most 144) and consumer one counter and kMaxParts states of
-// 128 threads x (32 + 4) floats.
+// and D > 128 and with more than one K/V tile, the arrivals and states of the last round's parts
+// (README, "The last round"): per split piece (at most 144) and consumer one counter and kMaxParts
+// states of 128 threads x (D / 2 + 4) floats.
 TEST_CASE("stage10: the workspace holds the queue's counter, or the parts' arrivals and states") {
   using fa::stages::overlap::kMaxParts;
   const int64_t state_bytes = 128 * (32 + 4) * 4;
+  const auto states_of = [](int64_t dim) { return 128 * (dim / 2 + 4) * 4; };
   for (const auto factory : {fa::stages::overlap_fp16, fa::stages::overlap_bf16}) {
     const fa::StageDescriptor stage = factory();
     CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 100, 64, true)) == 16);
@@ -37,6 +38,10 @@ TEST_CASE("stage10: the workspace holds the queue's counter, or the parts' arriv
     CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 100, 60, true)) == (2 * 3 * 100) * 3 * 64 * 2 + 16);
     CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 100, 64)) == 0);  // one K/V tile: nothing to split
     CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 1000, 128)) == 0);
+    CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 60, 256)) == 0);  // one K/V tile of 64 keys
+    // (2, 3, 1000, 256) and (.., 192): 6 · 8 pieces of 128 rows, 2 consumers: 96 counters, 96 · kMaxParts states.
+    CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 1000, 256)) == 96 * 4 + 96 * kMaxParts * states_of(256));
+    CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 1000, 192)) == 96 * 4 + 96 * kMaxParts * states_of(192));
     // (2, 3, 1000, 64): 6 · 6 pieces of 192 rows, 3 consumers: 108 counters, 108 · kMaxParts states.
     CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 1000, 64)) == 108 * 4 + 108 * kMaxParts * state_bytes);
     // (1, 200, 1000, 60): the padded copies first (D = 64); 6 · 200 pieces, of which at most 144 split.
@@ -93,7 +98,9 @@ TEST_CASE("stage10: the last round's pieces are split where that ends the round 
 
 // The split path on the GPU: shapes made for this GPU's count of SMs so that the plan splits the last
 // round's pieces in two and in three parts (REQUIREd first), with grouped heads, Nq != Nk, partial
-// tiles, the padded copies (D = 60) and the log-sum-exp; every row checked.
+// tiles, the padded copies (D = 60, 252) and the log-sum-exp; every row checked. One query tile a
+// head, so the pieces are the heads: Nq = 150 at D <= 64 (192 rows a piece), 100 above (128 rows), where
+// persistent blocks (D = 64) and blocks one per piece (D = 192, 256) both run the last round split.
 TEST_CASE("stage10: the last round's pieces split in parts and merged, with the log-sum-exp") {
   using fa::stages::overlap::plan_last_round;
   for (const auto factory : {fa::stages::overlap_fp16, fa::stages::overlap_bf16}) {
@@ -104,15 +111,21 @@ TEST_CASE("stage10: the last round's pieces split in parts and merged, with the 
     REQUIRE(cudaGetDevice(&device) == cudaSuccess);
     REQUIRE(fa::multiprocessor_count(device, &sms).ok());
     uint64_t seed = 1010;
-    // {query heads, keys, parts}: one query tile a head (Nq = 150), so the pieces are the heads.
-    for (const auto& [heads, keys, parts] : {std::tuple<int64_t, int64_t, int>{sms + sms / 2, 1100, 2},
-                                             std::tuple<int64_t, int64_t, int>{sms + sms / 3, 1500, 3}}) {
-      REQUIRE(plan_last_round(heads, (keys + 127) / 128, sms).parts == parts);
-      const int64_t kv_heads = heads % 3 == 0 ? heads / 3 : heads;
-      for (const int64_t dim : {64, 60}) {
-        INFO("Hq " << heads << ", Hkv " << kv_heads << ", Nk " << keys << ", D " << dim << ", parts " << parts);
+    // {D, Nq, keys a K/V tile, keys}: 1100 and 1500 keys at D <= 64, 400 above (7 tiles of 64, 5 of 96).
+    for (const auto& [dim, q_seq, tile_keys, keys] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{64, 150, 128, 0},
+                                                      {60, 150, 128, 0}, {256, 100, 64, 400}, {252, 100, 64, 400},
+                                                      {192, 100, 96, 400}}) {
+      // {query heads, keys, parts}
+      for (const auto& [heads, cases_keys, parts] :
+           {std::tuple<int64_t, int64_t, int>{sms + sms / 2, keys > 0 ? keys : 1100, 2},
+            std::tuple<int64_t, int64_t, int>{sms + sms / 3, keys > 0 ? keys : 1500, 3}}) {
+        REQUIRE(plan_last_round(heads, (cases_keys + tile_keys - 1) / tile_keys, sms).parts == parts);
+        const int64_t kv_heads = heads % 3 == 0 ? heads / 3 : heads;
+        INFO("Hq " << heads << ", Hkv " << kv_heads << ", Nq " << q_seq << ", Nk " << cases_keys << ", D " << dim
+                   << ", parts " << parts);
         fa::test::check_stage_on(
-            stage, fa::random_inputs(fa::Problem{1, heads, kv_heads, 150, keys, dim, false}, seed++), 0, true);
+            stage, fa::random_inputs(fa::Problem{1, heads, kv_heads, q_seq, cases_keys, dim, false}, seed++), 0,
+            true);
       }
     }
   }

@@ -147,10 +147,10 @@ struct Tiling {
   static constexpr int kQueryBuffers = kOutTile && kBaseBytes + 2 * kQueryTileBytes <= kSharedBytesPerBlock ? 2 : 1;
   static constexpr int kSharedBytes =
       kBaseBytes + (kOutTile ? kQueryTileBytes : 0) + (kQueryBuffers - 1) * kQueryTileBytes;
-  // Where the blocks are persistent and the softmax does not run under P·V (D = 64), the pieces of a
-  // launch's last, partial round may be split by their key tiles into parts (README, "The last
-  // round"). At D = 128 a whole last round gained nothing, and the parts' state spills.
-  static constexpr bool kSplitLastRound = kOutTile && !kOverlap;
+  // The pieces of a launch's last, partial round (of persistent blocks at D = 64, of blocks one per
+  // piece at D = 192 and 256) may be split by their key tiles into parts (README, "The last round").
+  // At D = 128 a whole last round gained nothing.
+  static constexpr bool kSplitLastRound = kOverlap ? !kOutTile : kOutTile;
 
   static constexpr int kRegistersAtLaunch = 65536 / kThreads / 8 * 8;
   static_assert(kDim % kPanelColumns == 0, "a tile is whole 64-column panels");
@@ -492,8 +492,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 }
 
 // The workspace: stage 09's padded copies of Q, K and V where D is not a multiple of 8, then, 16-byte
-// aligned, under the causal mask the queue's counter; without it, where pieces may be split (D <= 64,
-// more than one K/V tile), a counter of arrivals per split piece and consumer, then their states.
+// aligned, under the causal mask the queue's counter; without it, where pieces may be split (D <= 64
+// or > 128, more than one K/V tile), a counter of arrivals per split piece and consumer, then their
+// states.
 int64_t queue_offset(const Problem& problem) {
   return (kernel::tma_workspace_bytes(problem, Pass::forward) + 15) / 16 * 16;
 }
@@ -517,8 +518,10 @@ SplitSpace split_space(const Problem& problem) {
 
 int64_t workspace_bytes(const Problem& problem, Pass pass) {
   if (problem.causal) return queue_offset(problem) + 16;
-  int64_t bytes = kernel::tma_workspace_bytes(problem, pass);
-  return problem.dim <= 64 ? std::max(bytes, split_space<64>(problem).bytes()) : bytes;
+  const int64_t bytes = kernel::tma_workspace_bytes(problem, pass);
+  if (problem.dim <= 64) return std::max(bytes, split_space<64>(problem).bytes());
+  if (problem.dim <= 128) return bytes;
+  return std::max(bytes, problem.dim <= 192 ? split_space<192>(problem).bytes() : split_space<256>(problem).bytes());
 }
 
 template <typename Element, int kDim>
@@ -543,30 +546,32 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
     piece_counter = reinterpret_cast<int*>(static_cast<unsigned char*>(args.workspace) + queue_offset(problem));
     FA_CUDA_TRY(cudaMemsetAsync(piece_counter, 0, sizeof(int), args.stream));
   }
-  int64_t blocks = pieces;
+  const bool persistent = T::kOutTile && (!problem.causal || piece_counter != nullptr);
   LastRound last_round{pieces, 1};
   const SplitSpace split = split_space<kDim>(problem);
   float* part_states = nullptr;
   int* part_arrivals = nullptr;
-  if (T::kOutTile && (!problem.causal || piece_counter != nullptr)) {
+  int multiprocessors = 0;
+  if (persistent || T::kSplitLastRound) {
     int device = 0;
-    int multiprocessors = 0;
     FA_CUDA_TRY(cudaGetDevice(&device));
     FA_STATUS_TRY(multiprocessor_count(device, &multiprocessors));
-    // Without the mask the pieces are alike: the last round's may be split (README, "The last round").
-    if (!problem.causal && split.arrivals > 0 && args.workspace != nullptr) {
-      const int64_t tiles = (problem.kv_seq + T::kKeys - 1) / T::kKeys;
-      last_round = plan_last_round(pieces, tiles, multiprocessors);
-    }
-    if (last_round.parts > 1) {
-      unsigned char* workspace = static_cast<unsigned char*>(args.workspace);
-      part_arrivals = reinterpret_cast<int*>(workspace + queue_offset(problem));
-      part_states = reinterpret_cast<float*>(workspace + split.states_offset);
-      const int64_t arrivals = (pieces - last_round.split_from) * T::kConsumers;
-      FA_CUDA_TRY(cudaMemsetAsync(part_arrivals, 0, static_cast<std::size_t>(arrivals) * 4, args.stream));
-    }
-    blocks = std::min<int64_t>(last_round.units(pieces), multiprocessors);
   }
+  // Without the mask the pieces are alike: the last round's may be split (README, "The last round").
+  // Blocks one per piece run in rounds too: as many at once as there are SMs.
+  if (!problem.causal && split.arrivals > 0 && args.workspace != nullptr) {
+    const int64_t tiles = (problem.kv_seq + T::kKeys - 1) / T::kKeys;
+    last_round = plan_last_round(pieces, tiles, multiprocessors);
+  }
+  if (last_round.parts > 1) {
+    unsigned char* workspace = static_cast<unsigned char*>(args.workspace);
+    part_arrivals = reinterpret_cast<int*>(workspace + queue_offset(problem));
+    part_states = reinterpret_cast<float*>(workspace + split.states_offset);
+    const int64_t arrivals = (pieces - last_round.split_from) * T::kConsumers;
+    FA_CUDA_TRY(cudaMemsetAsync(part_arrivals, 0, static_cast<std::size_t>(arrivals) * 4, args.stream));
+  }
+  const int64_t blocks = persistent ? std::min<int64_t>(last_round.units(pieces), multiprocessors)
+                                    : last_round.units(pieces);
   FA_STATUS_TRY(check_grid(last_round.units(pieces)));
   const float scale_log2 = softmax_scale(problem) * kernel::kLog2e;
   // Every count below fits an int: the runner has checked the problem against validate_problem's

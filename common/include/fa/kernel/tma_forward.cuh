@@ -211,15 +211,17 @@ __device__ __forceinline__ bool merge_parts(float (&out)[kDim / 2], float (&row_
                                             int thread) {
   constexpr int kMax = kDim / 2;
   constexpr int kSum = kDim / 2 + 2;
-  const auto state = [&](int of_part, int i) {
-    return states + (of_part * kPartStateFloats<kDim> + i) * kWarpgroupThreads + thread;
+  // A part's floats for this thread, 128 apart: one address a part, each float at a constant offset.
+  const auto state_of = [&](int of_part) {
+    return states + static_cast<int64_t>(of_part) * kPartStateFloats<kDim> * kWarpgroupThreads + thread;
   };
+  float* own = state_of(part);
 #pragma unroll
-  for (int i = 0; i < kDim / 2; ++i) *state(part, i) = out[i];
+  for (int i = 0; i < kDim / 2; ++i) own[i * kWarpgroupThreads] = out[i];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    *state(part, kMax + half) = row_max[half];
-    *state(part, kSum + half) = row_sum[half];
+    own[(kMax + half) * kWarpgroupThreads] = row_max[half];
+    own[(kSum + half) * kWarpgroupThreads] = row_sum[half];
   }
   // Thread 0 counts the warpgroup once all its states are stored (the barrier), fenced on both sides:
   // this part's state is visible to the whole GPU before its arrival, and the last part reads the
@@ -234,21 +236,24 @@ __device__ __forceinline__ bool merge_parts(float (&out)[kDim / 2], float (&row_
   if (!any_threads(1 + consumer, kWarpgroupThreads, last)) return false;
   for (int other = 0; other < parts; ++other) {
     if (other == part) continue;
+    const float* theirs_state = state_of(other);
     float mine[2];
     float theirs[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float their_max = __ldcg(state(other, kMax + half));
+      const float their_max = __ldcg(theirs_state + (kMax + half) * kWarpgroupThreads);
       const float merged_max = fmaxf(row_max[half], their_max);
       // A row that saw no key in either part keeps m = -inf, its O and l zero (never inf - inf).
       const float shift = merged_max == -INFINITY ? 0.0f : merged_max;
       mine[half] = fast_exp2(row_max[half] - shift);
       theirs[half] = fast_exp2(their_max - shift);
-      row_sum[half] = row_sum[half] * mine[half] + __ldcg(state(other, kSum + half)) * theirs[half];
+      row_sum[half] = row_sum[half] * mine[half] + __ldcg(theirs_state + (kSum + half) * kWarpgroupThreads) * theirs[half];
       row_max[half] = merged_max;
     }
 #pragma unroll
-    for (int i = 0; i < kDim / 2; ++i) out[i] = out[i] * mine[i % 4 / 2] + __ldcg(state(other, i)) * theirs[i % 4 / 2];
+    for (int i = 0; i < kDim / 2; ++i) {
+      out[i] = out[i] * mine[i % 4 / 2] + __ldcg(theirs_state + i * kWarpgroupThreads) * theirs[i % 4 / 2];
+    }
   }
   return true;
 }
