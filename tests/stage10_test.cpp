@@ -111,21 +111,20 @@ TEST_CASE("stage10: the last round's pieces split in parts and merged, with the 
     REQUIRE(cudaGetDevice(&device) == cudaSuccess);
     REQUIRE(fa::multiprocessor_count(device, &sms).ok());
     uint64_t seed = 1010;
-    // {D, Nq, keys a K/V tile, keys}: 1100 and 1500 keys at D <= 64, 400 above (7 tiles of 64, 5 of 96).
-    for (const auto& [dim, q_seq, tile_keys, keys] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{64, 150, 128, 0},
-                                                      {60, 150, 128, 0}, {256, 100, 64, 400}, {252, 100, 64, 400},
-                                                      {192, 100, 96, 400}}) {
+    // {D, Nq, keys a K/V tile, Nk to split in two, Nk to split in three}
+    using Bucket = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
+    for (const auto& [dim, q_seq, tile_keys, two_keys, three_keys] :
+         {Bucket{64, 150, 128, 1100, 1500}, Bucket{60, 150, 128, 1100, 1500}, Bucket{256, 100, 64, 400, 400},
+          Bucket{252, 100, 64, 400, 400}, Bucket{192, 100, 96, 400, 400}}) {
       // {query heads, keys, parts}
-      for (const auto& [heads, cases_keys, parts] :
-           {std::tuple<int64_t, int64_t, int>{sms + sms / 2, keys > 0 ? keys : 1100, 2},
-            std::tuple<int64_t, int64_t, int>{sms + sms / 3, keys > 0 ? keys : 1500, 3}}) {
-        REQUIRE(plan_last_round(heads, (cases_keys + tile_keys - 1) / tile_keys, sms).parts == parts);
+      for (const auto& [heads, keys, parts] : {std::tuple<int64_t, int64_t, int>{sms + sms / 2, two_keys, 2},
+                                               std::tuple<int64_t, int64_t, int>{sms + sms / 3, three_keys, 3}}) {
+        REQUIRE(plan_last_round(heads, (keys + tile_keys - 1) / tile_keys, sms).parts == parts);
         const int64_t kv_heads = heads % 3 == 0 ? heads / 3 : heads;
-        INFO("Hq " << heads << ", Hkv " << kv_heads << ", Nq " << q_seq << ", Nk " << cases_keys << ", D " << dim
+        INFO("Hq " << heads << ", Hkv " << kv_heads << ", Nq " << q_seq << ", Nk " << keys << ", D " << dim
                    << ", parts " << parts);
         fa::test::check_stage_on(
-            stage, fa::random_inputs(fa::Problem{1, heads, kv_heads, q_seq, cases_keys, dim, false}, seed++), 0,
-            true);
+            stage, fa::random_inputs(fa::Problem{1, heads, kv_heads, q_seq, keys, dim, false}, seed++), 0, true);
       }
     }
   }

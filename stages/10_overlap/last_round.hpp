@@ -1,8 +1,8 @@
 // Stage 10's last round (README, "The last round"): `pieces` pieces of `tiles` K/V tiles each on
-// `blocks` persistent blocks leave pieces % blocks of them for a last round in which the other
-// blocks wait. Split by their key tiles into parts, a block each, those pieces take
-// ceil(rest · parts / blocks) turns of a part instead of one turn of a piece. Host code, checked
-// without a GPU (tests/stage10_test.cpp).
+// `blocks` SMs (persistent blocks, or blocks one per piece that start as SMs free) leave
+// pieces % blocks of them for a last round in which the other SMs wait. Split by their key tiles
+// into parts, a block each, those pieces take ceil(rest · parts / blocks) turns of a part instead of
+// one turn of a piece. Host code, checked without a GPU (tests/stage10_test.cpp).
 #pragma once
 
 #include <cstdint>

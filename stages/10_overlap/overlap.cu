@@ -24,9 +24,9 @@
 // start, set up its barriers and wait for its first Q and K before any product could run: gaps that
 // weigh most at short sequences (N = 1024: 8 K/V tiles a piece). Here the producer runs ahead into
 // the next piece: its K/V tiles fill the ring, and its Q lands in the other Q tile, while the
-// consumers still finish the last piece's P·V and write its O. At D = 64 without the mask, the
-// pieces of the last, partial round are split by their key tiles into parts, one block each, and
-// the last part to finish merges their states (README, "The last round").
+// consumers still finish the last piece's P·V and write its O. At D = 64, 192 and 256 without the
+// mask, the pieces of the last, partial round are split by their key tiles into parts, one block
+// each, and the last part to finish merges their states (README, "The last round").
 //
 // Everything else (causal masking, grouped-query heads, Nq != Nk, any N, head dims 1 .. 256 in
 // buckets with padded copies for D % 8 != 0, the log-sum-exp, the TMA store of O) is stage 09's, with
@@ -570,8 +570,8 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
     const int64_t arrivals = (pieces - last_round.split_from) * T::kConsumers;
     FA_CUDA_TRY(cudaMemsetAsync(part_arrivals, 0, static_cast<std::size_t>(arrivals) * 4, args.stream));
   }
-  const int64_t blocks = persistent ? std::min<int64_t>(last_round.units(pieces), multiprocessors)
-                                    : last_round.units(pieces);
+  const int64_t blocks =
+      persistent ? std::min<int64_t>(last_round.units(pieces), multiprocessors) : last_round.units(pieces);
   FA_STATUS_TRY(check_grid(last_round.units(pieces)));
   const float scale_log2 = softmax_scale(problem) * kernel::kLog2e;
   // Every count below fits an int: the runner has checked the problem against validate_problem's

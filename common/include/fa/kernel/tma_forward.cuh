@@ -247,7 +247,8 @@ __device__ __forceinline__ bool merge_parts(float (&out)[kDim / 2], float (&row_
       const float shift = merged_max == -INFINITY ? 0.0f : merged_max;
       mine[half] = fast_exp2(row_max[half] - shift);
       theirs[half] = fast_exp2(their_max - shift);
-      row_sum[half] = row_sum[half] * mine[half] + __ldcg(theirs_state + (kSum + half) * kWarpgroupThreads) * theirs[half];
+      row_sum[half] =
+          row_sum[half] * mine[half] + __ldcg(theirs_state + (kSum + half) * kWarpgroupThreads) * theirs[half];
       row_max[half] = merged_max;
     }
 #pragma unroll
