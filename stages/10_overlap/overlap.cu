@@ -213,15 +213,16 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   // The pieces (kernel/tma_forward.cuh); from `split_from` on, the parts of the last round's pieces
   // (README, "The last round"): index split_from + s · parts + p is part p of piece split_from + s,
   // its key tiles p · tiles / parts .. (p + 1) · tiles / parts - 1.
+  const auto split_piece = [&](int64_t index) { return (index - split_from) / parts; };                // s
+  const auto part_of = [&](int64_t index) { return static_cast<int>((index - split_from) % parts); };  // p
   const auto piece_at = [&](int64_t index) {
     const auto whole = [&](int64_t of) {
       return kernel::piece_at<T::kQueryRows, T::kKeys>(of, query_tiles, heads_total, q_heads, kv_heads, q_seq, kv_seq,
                                                        causal);
     };
     if (!T::kSplitLastRound || index < split_from) return whole(index);
-    const int64_t unit = index - split_from;
-    Piece piece = whole(split_from + unit / parts);
-    const int part = static_cast<int>(unit % parts);
+    Piece piece = whole(split_from + split_piece(index));
+    const int part = part_of(index);
     piece.first_tile = part * piece.tiles / parts;
     piece.tiles = (part + 1) * piece.tiles / parts;
     return piece;
@@ -461,11 +462,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // it would move the loop's matrix descriptors out of uniform registers (ptxas 13.0).
       bool writes = true;
       if (T::kSplitLastRound && index >= split_from) {
-        const int64_t unit = index - split_from;
-        const int64_t slot = unit / parts * T::kConsumers + consumer;
+        const int64_t slot = split_piece(index) * T::kConsumers + consumer;
         writes = merge_parts<kDim>(out, row_max, row_sum,
                                    part_states + slot * parts * kPartStateFloats<kDim> * kWarpgroupThreads,
-                                   part_arrivals + slot, parts, static_cast<int>(unit % parts), consumer, thread);
+                                   part_arrivals + slot, parts, part_of(index), consumer, thread);
       }
       // O / l staged in this warpgroup's own 64 rows of the O tile (or of the Q tile, no longer read
       // by anyone: its last wgmma has completed), then written out (kernel/tma_forward.cuh).
