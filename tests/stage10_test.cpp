@@ -29,8 +29,7 @@ FA_HOPPER_STAGE_CASES("stage10", fa::stages::overlap_fp16, fa::stages::overlap_b
 // states of 128 threads x (D / 2 + 4) floats.
 TEST_CASE("stage10: the workspace holds the queue's counter, or the parts' arrivals and states") {
   using fa::stages::overlap::kMaxParts;
-  const int64_t state_bytes = 128 * (32 + 4) * 4;
-  const auto states_of = [](int64_t dim) { return 128 * (dim / 2 + 4) * 4; };
+  const auto states_of = [](int64_t dim) { return int64_t{128} * (dim / 2 + 4) * 4; };
   for (const auto factory : {fa::stages::overlap_fp16, fa::stages::overlap_bf16}) {
     const fa::StageDescriptor stage = factory();
     CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 100, 64, true)) == 16);
@@ -43,11 +42,11 @@ TEST_CASE("stage10: the workspace holds the queue's counter, or the parts' arriv
     CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 1000, 256)) == 96 * 4 + 96 * kMaxParts * states_of(256));
     CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 1000, 192)) == 96 * 4 + 96 * kMaxParts * states_of(192));
     // (2, 3, 1000, 64): 6 · 6 pieces of 192 rows, 3 consumers: 108 counters, 108 · kMaxParts states.
-    CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 1000, 64)) == 108 * 4 + 108 * kMaxParts * state_bytes);
+    CHECK(fa::workspace_bytes(stage, fa::Problem::square(2, 3, 1000, 64)) == 108 * 4 + 108 * kMaxParts * states_of(64));
     // (1, 200, 1000, 60): the padded copies first (D = 64); 6 · 200 pieces, of which at most 144 split.
     const int64_t padded = (200 * 1000) * 3 * 64 * 2;
     CHECK(fa::workspace_bytes(stage, fa::Problem::square(1, 200, 1000, 60)) ==
-          padded + 144 * 3 * 4 + 144 * 3 * kMaxParts * state_bytes);
+          padded + 144 * 3 * 4 + 144 * 3 * kMaxParts * states_of(64));
   }
 }
 
