@@ -28,7 +28,9 @@
 #             replaced, and this call's summary is appended to its gpu_suite_log.txt
 # Each data phase writes its files fresh, so a partial run (say `bench merge`) replaces just its rows;
 # rows that an earlier call wrote into the same OUTDIR stay beside them (a new row replaces the
-# earlier one of the same key): calls with other FA_STAGES can share one OUTDIR and one archive.
+# earlier one of the same key): calls with other FA_STAGES can share one OUTDIR and one archive. A
+# phase cut short (a call stopped at its time limit) keeps its rows and the earlier ones: the next
+# call merges them first (scripts/lib/earlier_rows.sh).
 # Logs go to OUTDIR/logs, the machine and source hashes to OUTDIR/data/env.txt, and a short
 # summary (OUTDIR/summary.txt) is printed last. Python: the standard library only.
 # FA_COMMIT names the commit env.txt records: a copy of the working tree sent to a lent machine
@@ -429,44 +431,10 @@ phase_archive() {
   note "archive: $dir/$(basename "$out").tgz"
 }
 
-# The files a data phase writes afresh, and the rows an earlier call left there: set aside before the
-# phase, merged under its rows after it (python3 -m fa_course.bench.data merge); where the merge
-# fails both files stay, the earlier one in OUTDIR/earlier.
-phase_files() {
-  case $1 in
-    bench) echo results.csv ;;
-    memory) echo memory.csv ;;
-    torch) echo torch.csv torch_graph.csv ;;
-    ceilings) echo ceilings.csv ;;
-    traffic) echo traffic.csv ;;
-  esac
-}
-set_aside_earlier_rows() {
-  local file
-  for file in $(phase_files "$1"); do
-    if [ -f "$out/data/$file" ]; then mkdir -p "$out/earlier" && mv "$out/data/$file" "$out/earlier/$file"; fi
-  done
-}
-merge_earlier_rows() {
-  local file status=0
-  for file in $(phase_files "$1"); do
-    [ -f "$out/earlier/$file" ] || continue
-    if [ -f "$out/data/$file" ]; then
-      rm -rf "$out/new" && mkdir -p "$out/new" && cp "$out/data/$file" "$out/new/$file"
-      if ! python3 -m fa_course.bench.data merge "$out/new" "$out/earlier" >>"$out/logs/merge.log" 2>&1; then
-        note "  the earlier rows of $file could not be merged: they stay in $out/earlier (logs/merge.log)"
-        status=1
-        continue
-      fi
-      rm -rf "$out/new"
-    fi
-    mv "$out/earlier/$file" "$out/data/$file"
-  done
-  rmdir "$out/earlier" 2>/dev/null
-  return $status
-}
-
+# shellcheck source=lib/earlier_rows.sh
+source "$repo/scripts/lib/earlier_rows.sh"
 overall=0
+finish_cut_phases || overall=1
 for phase in "${phases[@]}"; do
   start=$(date +%s)
   set_aside_earlier_rows "$phase"
