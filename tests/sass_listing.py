@@ -4,13 +4,25 @@ nvidia-cuda-nvdisasm, in requirements.txt), split by kernel into (address, instr
 Used by sass_overlap_check.py and sass_round_loop_check.py; `arguments` gives both their common
 options (--ptxas PTXAS --ptx FILE --arch 90a [--root REPO])."""
 import argparse
-import glob
+import importlib.util
 import os
 import re
-import shutil
 import subprocess
-import sys
 import tempfile
+
+
+def _load_finder():
+    """find_cuobjdump from python/fa_course/bench/cuobjdump.py, loaded by its path: importing the
+    package would import its op (and PyTorch where it is installed)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python", "fa_course", "bench",
+                        "cuobjdump.py")
+    spec = importlib.util.spec_from_file_location("fa_course_cuobjdump", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.find_cuobjdump
+
+
+find_cuobjdump = _load_finder()
 
 
 def arguments(description):
@@ -22,22 +34,9 @@ def arguments(description):
     return parser
 
 
-def find_cuobjdump(ptxas, root):
-    candidates = [os.environ.get("FA_CUOBJDUMP", ""), shutil.which("cuobjdump") or "",
-                  os.path.join(os.path.dirname(ptxas), "cuobjdump")]
-    # nvidia-cuda-cuobjdump puts it in site-packages/nvidia/cu<major>/bin (this Python's, or the
-    # course's .venv made by scripts/lib/setup.sh from requirements.txt).
-    for base in sys.path + glob.glob(os.path.join(root, ".venv", "lib", "python*", "site-packages")):
-        candidates += glob.glob(os.path.join(base, "nvidia", "*", "bin", "cuobjdump"))
-    for candidate in candidates:
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
 def kernel_listings(args):
     """{kernel name: [(address, instruction), ...]}, or None after printing why there is none."""
-    cuobjdump = find_cuobjdump(args.ptxas, args.root)
+    cuobjdump = find_cuobjdump(args.root, args.ptxas)
     if cuobjdump is None:
         print("cuobjdump not found: pip install nvidia-cuda-cuobjdump (requirements.txt), or set FA_CUOBJDUMP")
         return None
