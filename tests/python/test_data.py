@@ -4,17 +4,10 @@ import os
 import tempfile
 import unittest
 
-import _support  # noqa: F401  (puts the package on sys.path)
+import _support  # (puts the package on sys.path)
+from _support import result_row as row
 from fa_course.bench import data
 from fa_course.bench import results
-
-
-def row(stage, ms, note="", **shape):
-    fields = dict(stage=stage, gpu="NVIDIA H200", B=1, Hq=32, Hkv=8, Nq=1, Nk=4096, D=128, dtype="fp16", causal=0,
-                  status="ok", ms_median=ms, note=note)
-    fields["pass"] = "fwd"
-    fields.update(shape)
-    return results.make_row(**fields)
 
 
 class Folder(unittest.TestCase):

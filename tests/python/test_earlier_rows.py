@@ -6,7 +6,7 @@ import subprocess
 import tempfile
 import unittest
 
-from _support import REPO
+from _support import REPO, result_row
 from fa_course.bench import data
 from fa_course.bench import results
 
@@ -14,10 +14,7 @@ LIBRARY = os.path.join(REPO, "scripts", "lib", "earlier_rows.sh")
 
 
 def row(stage, ms, q_seq):
-    fields = dict(stage=stage, gpu="NVIDIA H200", B=1, Hq=16, Hkv=16, Nq=q_seq, Nk=q_seq, D=128, dtype="fp16",
-                  causal=0, status="ok", ms_median=ms)
-    fields["pass"] = "fwd"
-    return results.make_row(**fields)
+    return result_row(stage, ms, Nq=q_seq)
 
 
 class EarlierRows(unittest.TestCase):
