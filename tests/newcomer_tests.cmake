@@ -261,6 +261,15 @@ if(FA_GIT)
            COMMAND ${PROJECT_SOURCE_DIR}/scripts/stage_diff 3 4)
   set_tests_properties("common: scripts/stage_diff 3 4 shows what stage 04 changed" PROPERTIES
     PASS_REGULAR_EXPRESSION "stages/03_tiled_smem/.*stages/04_online_softmax/")
+  # The count it prints last is the diff's own: its lines that begin with + or - (not the file names).
+  add_test(NAME "common: scripts/stage_diff 9 10 counts the lines its diff adds and removes"
+           COMMAND sh -c [=[
+out=$("$0" 9 10) || exit 1
+lines=$(printf '%s\n' "$out" | grep -E '^[-+]' | grep -cvE '^(\+\+\+|---) ')
+added=$(printf '%s\n' "$out" | grep -E '^\+' | grep -cvE '^\+\+\+ ')
+printf '%s\n' "$out" | grep -qx "stage_diff: $lines lines changed ($added added, $((lines - added)) removed)" || {
+  printf '%s\n' "$out" | grep '^stage_diff:'; echo "expected $lines lines, $added added"; exit 1; }
+]=] ${PROJECT_SOURCE_DIR}/scripts/stage_diff)
 endif()
 add_test(NAME "common: scripts/make_exercise prints the command that checks the copy"
          COMMAND sh -c "rm -rf \"$1\" && python3 \"$0\" 4 --output \"$1\""
