@@ -2,7 +2,7 @@
 assembled with ptxas, the cubin disassembled with cuobjdump (PyPI: nvidia-cuda-cuobjdump with
 nvidia-cuda-nvdisasm, in requirements.txt), split by kernel into (address, instruction) pairs.
 Used by sass_overlap_check.py and sass_round_loop_check.py; `arguments` gives both their common
-options (--ptxas PTXAS --ptx FILE --arch 90a [--root REPO])."""
+options (--ptxas PTXAS --ptx FILE --arch 90a [--root REPO]), `exit_status` their verdict."""
 import argparse
 import importlib.util
 import os
@@ -60,3 +60,12 @@ def kernel_listings(args):
         if name and match:
             kernels[name].append((int(match.group(1), 16), match.group(2)))
     return kernels
+
+
+def exit_status(checked, failed, nothing_checked):
+    """A check's exit status: 1 when a kernel failed, or when it checked none (then it prints
+    `nothing_checked`); else 0."""
+    if checked == 0:
+        print(nothing_checked)
+        return 1
+    return 1 if failed else 0

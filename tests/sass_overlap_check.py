@@ -11,7 +11,7 @@ must wait for both products at once and never for S alone.
 """
 import sys
 
-from sass_listing import arguments, kernel_listings
+from sass_listing import arguments, exit_status, kernel_listings
 
 
 def main():
@@ -49,10 +49,7 @@ def main():
         verdict = "ok" if counts and max(counts) > 0 else "FAILED"
         failed |= verdict != "ok"
         print(f"{verdict}: {name}: MUFU.EX2 between the wait for S and the wait for P·V: {counts or 'no such wait'}")
-    if checked == 0:
-        print(f"no attention kernel in {args.ptx}")
-        return 1
-    return 1 if failed else 0
+    return exit_status(checked, failed, f"no attention kernel in {args.ptx}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ or when no kernel has a round loop. Reads the SASS with sass_listing.py.
 import re
 import sys
 
-from sass_listing import arguments, kernel_listings
+from sass_listing import arguments, exit_status, kernel_listings
 
 
 def round_loop(listing):
@@ -50,10 +50,7 @@ def main():
         verdict = "ok" if moves == 0 else "FAILED"
         failed |= moves != 0
         print(f"{verdict}: {name}: {moves} R2UR in the round loop ({len(body)} instructions)")
-    if checked == 0:
-        print(f"no kernel with a round loop in {args.ptx}")
-        return 1
-    return 1 if failed else 0
+    return exit_status(checked, failed, f"no kernel with a round loop in {args.ptx}")
 
 
 if __name__ == "__main__":
