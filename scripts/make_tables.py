@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Writes the course's measured tables from the data set, one command for all of them:
 
-  python3 scripts/make_tables.py            # writes plots/tables/<gpu>/<stage>.md and README.md's headline
+  python3 scripts/make_tables.py            # writes plots/tables/<gpu>/<stage>.md, README.md's headline table
+                                            # and the stage READMEs' measured tables
   python3 scripts/make_tables.py --check    # regenerates into a temporary folder and fails on any difference
 
-Reads plots/data/<gpu>/ (results.csv, torch.csv, torch_graph.csv, memory.csv, traffic.csv, env.txt) and
+Reads plots/data/<gpu>/ (results.csv, torch.csv, torch_graph.csv, memory.csv, traffic.csv, fp8.csv, env.txt) and
 writes, per GPU, one Markdown file per stage holding every row measured for it, with the date and code of
 the run stated once at the top; and the course README's headline table (the H200's side-by-side run of
 every stage at (4, 16, 4096, 128)) between its "generated" markers. The stage READMEs link these files
-and keep one short table each. Nothing here is typed in: edit the data, then run this.
+and keep one short table each; for the stages in fa_course.bench.readme_tables that table is written here
+too (the first under the README's "## Measured"). Nothing here is typed in: edit the data, then run this.
 """
 import argparse
 import csv
@@ -19,6 +21,10 @@ from collections import OrderedDict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "python"))
+
+from fa_course.bench.readme_tables import stage_readmes  # noqa: E402  (after the path above)
+
 DATA = ROOT / "plots" / "data"
 TABLES = ROOT / "plots" / "tables"
 HEADLINE_GPU = "NVIDIA_H200"
@@ -259,6 +265,10 @@ def everything():
     if start == -1 or end < start:
         sys.exit("make_tables: README.md has no generated-table markers")
     out["README.md"] = readme[:start + len(BEGIN_MARK)] + "\n" + headline() + readme[end:]
+    try:
+        out.update(stage_readmes(ROOT))
+    except ValueError as problem:
+        sys.exit(f"make_tables: {problem}")
     return out
 
 
@@ -293,7 +303,8 @@ def main() -> int:
     for path, text in generated.items():
         (ROOT / path).parent.mkdir(parents=True, exist_ok=True)
         (ROOT / path).write_text(text)
-    print(f"make_tables: wrote {len(generated)} files (plots/tables/, README.md's headline table)")
+    print(f"make_tables: wrote {len(generated)} files (plots/tables/, README.md's headline table, the stage READMEs' "
+          "measured tables)")
     return 0
 
 

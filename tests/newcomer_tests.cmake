@@ -320,9 +320,10 @@ found=$(grep -n -i -E '\bcalls? [0-9]|\bissue #?[0-9]+\b|\bissues #[0-9]+|\bthe 
 if [ -n "$found" ]; then echo "$found"; exit 1; fi
 echo "no stage README names a suite call, an issue, a bar or a seed document"]=] ${PROJECT_SOURCE_DIR})
 
-# The measured tables (plots/tables/, the README's headline table) are generated from plots/data by one
-# command; a data set changed without them, or a table edited by hand, fails here with the difference.
-add_test(NAME "common: plots/tables and the README's headline table are what plots/data gives"
+# The measured tables (plots/tables/, the README's headline table, the measured table of the stage READMEs
+# in fa_course.bench.readme_tables) are generated from plots/data by one command; a data set changed
+# without them, or a table edited by hand, fails here with the difference.
+add_test(NAME "common: plots/tables and the READMEs' measured tables are what plots/data gives"
          COMMAND python3 ${PROJECT_SOURCE_DIR}/scripts/make_tables.py --check)
 
 # Every stage README is a lesson read in one sitting (DESIGN.md): under 300 lines, an exercise
