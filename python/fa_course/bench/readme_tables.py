@@ -58,7 +58,8 @@ def row(cells) -> str:
 
 
 def stage10(folder: Path) -> List[str]:
-    """The standard sweep (D = 128, H = 16, B·N = 16384): TFLOP/s, then each peer's time over stage 10's."""
+    """The standard sweep (D = 128, H = 16, B·N = 16384): TFLOP/s, then each peer's time over stage 10's (stage 09
+    beside 10 is the README's table of the ideas one at a time, measured in one run of its own)."""
     rows = Rows(folder / "torch.csv")
     sweep = PRESETS["seed001"]
     ours = "10_overlap"
@@ -72,7 +73,6 @@ def stage10(folder: Path) -> List[str]:
               for dtype in ("fp16", "bf16")]
     return lines + [row(["over cuDNN, FP16"] + over("torch_cudnn")),
                     row(["over cuDNN, causal FP16"] + over("torch_cudnn", causal=True)),
-                    row(["over stage 09, FP16"] + over("09_wgmma_tma")),
                     row(["over PyTorch flash, FP16"] + over("torch_flash"))]
 
 
