@@ -4,8 +4,8 @@ A stage README keeps one short table under its "## Measured" heading. For the st
 table is generated here, so that new rows reach the lesson by `python3 scripts/make_tables.py`, and a
 table edited by hand fails `make_tables.py --check`; the prose around it is the author's. Each table
 reads the rows of one run: the stage beside its peers on the same tensors in one process (torch.csv;
-fp8.csv for stage 14). A ratio is the peer's time over ours: above 1, ours is faster. Python 3 standard
-library only (make_tables.py runs in CI without the package's dependencies).
+fp8.csv for stage 14). A ratio is the peer's time over ours: above 1, ours is faster. Needs nothing
+beyond the standard library and this package (make_tables.py takes it from the checkout, no install).
 """
 
 from __future__ import annotations
