@@ -47,11 +47,8 @@ class Rewrite(unittest.TestCase):
             readme_tables.rewrite("## Measured\n\nwords\n\n## Next\n\n| a |\n", ["| new |"])
 
 
-def torch_row(stage, problem, dtype, ms, tflops, pass_="fwd", status="ok"):
-    fields = dict(stage=stage, gpu="NVIDIA H200", dtype=dtype, status=status, ms_median=ms, tflops=tflops,
-                  **problem.row_fields())
-    fields["pass"] = pass_
-    return results.make_row(**fields)
+def torch_row(stage, problem, dtype, ms, tflops, status="ok"):
+    return _support.result_row(stage, ms, dtype=dtype, tflops=tflops, status=status, **problem.row_fields())
 
 
 class Stage10Sweep(unittest.TestCase):

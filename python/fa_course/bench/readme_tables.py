@@ -10,11 +10,11 @@ beyond the standard library and this package (make_tables.py takes it from the c
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Callable, Dict, List
 
 from ..problem import Problem
+from .results import read_results
 from .shapes import PRESETS
 
 TABLE_GPU = "NVIDIA_H200"  # the data set whose rows the stage READMEs show
@@ -26,12 +26,8 @@ class Rows:
 
     def __init__(self, path: Path):
         self.path = path
-        self.rows = {}
-        if path.exists():
-            with path.open(newline="") as handle:
-                for row in csv.DictReader(handle):
-                    if row["status"] == "ok":
-                        self.rows[(row["stage"], Problem.from_row(row), row["dtype"], row["pass"])] = row
+        self.rows = {(row["stage"], Problem.from_row(row), row["dtype"], row["pass"]): row
+                     for row in (read_results(path) if path.exists() else []) if row["status"] == "ok"}
 
     def get(self, stage: str, problem: Problem, dtype: str, pass_: str = "fwd") -> dict:
         found = self.rows.get((stage, problem, dtype, pass_))
