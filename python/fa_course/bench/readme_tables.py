@@ -84,9 +84,9 @@ def stage13(folder: Path) -> List[str]:
     for problem in (s.with_causal(causal) for s in shapes for causal in (False, True)):
         cells = [label(problem), "causal" if problem.causal else "-", f"{rows.ms(ours, problem, 'fp16', 'bwd'):.2f}"]
         for dtype in ("fp16", "bf16"):
-            mine, cudnn = (rows.get(stage, problem, dtype, "bwd") for stage in (ours, "torch_cudnn"))
-            cells += [f"{float(mine['tflops']):.0f}", f"{float(cudnn['tflops']):.0f}",
-                      f"{float(cudnn['ms_median']) / float(mine['ms_median']):.2f}"]
+            key = (problem, dtype, "bwd")
+            cells += [f"{rows.tflops(ours, *key):.0f}", f"{rows.tflops('torch_cudnn', *key):.0f}",
+                      f"{rows.ms('torch_cudnn', *key) / rows.ms(ours, *key):.2f}"]
         lines.append(row(cells))
     return lines
 
