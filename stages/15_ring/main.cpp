@@ -68,6 +68,12 @@ double relative_l2(const std::vector<float>& actual, const std::vector<float>& e
 }
 
 int run(const Options& options) {
+  const int ranks = options.gpus > 0 ? options.gpus : options.loopback;
+  // A problem the ring cannot split is bad input, refused before any GPU is looked for.
+  if (const std::string why = ring_unsupported_reason(options.problem, ranks); !why.empty()) {
+    std::fprintf(stderr, "15_ring: %s\n", why.c_str());
+    return kExitBadInput;
+  }
   const DeviceInfo device = query_device();
   if (!device.present) {
     std::fprintf(stderr, "15_ring: %s\n", describe_missing_gpu(device).c_str());
@@ -75,7 +81,6 @@ int run(const Options& options) {
   }
   int visible = 0;
   FA_CUDA_CHECK(cudaGetDeviceCount(&visible));
-  const int ranks = options.gpus > 0 ? options.gpus : options.loopback;
   if (options.gpus > visible) {
     std::fprintf(stderr,
                  "15_ring: --gpus %d, but this machine shows %d GPU(s); --loopback %d runs %d virtual ranks on one\n",
@@ -83,10 +88,6 @@ int run(const Options& options) {
     return kExitNoDevice;
   }
   const Problem& problem = options.problem;
-  if (const std::string why = ring_unsupported_reason(problem, ranks); !why.empty()) {
-    std::fprintf(stderr, "15_ring: %s\n", why.c_str());
-    return kExitBadInput;
-  }
   const Precision precision = options.dtype == "fp16" ? Precision::fp16 : Precision::bf16;
   if (options.backward_stage == 13 && device.compute_capability != 90) {
     std::fprintf(stderr, "15_ring: --backward-stage 13 runs on an H100 or H200 (sm_90a) only; this is %s\n",
@@ -270,10 +271,17 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({11, 13}));
   app.add_option("--warmup", options.warmup, "untimed runs")->check(CLI::Range(0, 1000));
   app.add_option("--reps", options.reps, "timed runs")->check(CLI::Range(1, 1000));
+  app.footer(
+      "Exit codes: 0 ok, 1 wrong output, 2 bad command line or a problem the ring does not take, 4 no CUDA GPU here "
+      "(too few, or one too old for the local stages), 5 CUDA or NCCL error.");
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& help) {
+    return app.exit(help);
   } catch (const CLI::ParseError& error) {
-    return app.exit(error) == 0 ? kExitOk : kExitBadInput;
+    // One line, as the other stages' command lines say it.
+    std::fprintf(stderr, "15_ring: %s (see --help)\n", error.what());
+    return kExitBadInput;
   }
   if (app.count("--kv-heads") == 0) options.problem.kv_heads = options.problem.q_heads;
   options.problem.kv_seq = options.problem.q_seq;
@@ -282,7 +290,8 @@ int main(int argc, char** argv) {
     return kExitBadInput;
   }
   if (options.problem.q_heads % options.problem.kv_heads != 0) {
-    std::fprintf(stderr, "15_ring: --heads must be a multiple of --kv-heads\n");
+    std::fprintf(stderr, "15_ring: --kv-heads %lld does not divide --heads %lld (see --help)\n",
+                 static_cast<long long>(options.problem.kv_heads), static_cast<long long>(options.problem.q_heads));
     return kExitBadInput;
   }
   try {
