@@ -6,8 +6,10 @@ set -euo pipefail
 source "$(dirname "$0")/lib/setup.sh"
 
 # The options of fa_course (api/course_main.cpp, common/src/cli.cpp), for --help before the
-# first build; a test checks that fa_course still has every one of them.
-course_options="--batch --heads --kv-heads --seq --seq-k --dim --causal --lse --seed --warmup --reps --check --no-check --check-rows --walkthrough --csv"
+# first build and to refuse an unknown one before building; a test checks that the two lists are
+# fa_course's, no more and no fewer.
+course_options="--batch --heads --kv-heads --seq --seq-k --dim --causal --lse --pass --check-kv-heads --seed --warmup --reps --check --no-check --check-rows --walkthrough --csv"
+course_short_options="-b -H -n -d"
 
 help() {
   cat <<EOF
@@ -43,6 +45,20 @@ for argument in "$@"; do
       exit 0
       ;;
   esac
+done
+# An option fa_course does not have is refused now, not after the first build (minutes). Values are
+# left to fa_course, which says what is wrong with them; a negative number is a value.
+for argument in "$@"; do
+  case $argument in
+    --*) name=${argument%%=*} known=" $course_options " ;;
+    -[0-9]* | -) continue ;;
+    -*) name=${argument:0:2} known=" $course_short_options " ;;
+    *) continue ;;
+  esac
+  if [[ $known != *" $name "* ]]; then
+    echo "course.sh: fa_course has no option $name (see scripts/course.sh --help)" >&2
+    exit 2
+  fi
 done
 
 ensure_build_packages

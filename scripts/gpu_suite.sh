@@ -431,6 +431,21 @@ phase_archive() {
   note "archive: $dir/$(basename "$out").tgz"
 }
 
+# A phase or a stage that does not exist is refused before anything runs: a typo would otherwise show
+# only after the phases before it (a build, minutes of a lent machine), or leave a phase nothing to run.
+for phase in "${phases[@]}"; do
+  declare -F "phase_$phase" >/dev/null || {
+    echo "gpu_suite.sh: there is no phase '$phase'; the phases are: $(declare -F | sed -n 's/^declare -f phase_//p' | paste -sd ' ')" >&2
+    exit 2
+  }
+done
+for stage in ${FA_STAGES:-}; do
+  [ -d "$repo/stages/$stage" ] || {
+    echo "gpu_suite.sh: FA_STAGES names '$stage', which is no stage folder; the stages are: $(cd "$repo/stages" && echo [0-9][0-9]_*)" >&2
+    exit 2
+  }
+done
+
 # shellcheck source=lib/earlier_rows.sh
 source "$repo/scripts/lib/earlier_rows.sh"
 overall=0

@@ -106,9 +106,21 @@ if(CMAKE_SCRIPT_MODE_FILE)
     endif()
     set(ARGS --help)
     run_program()
-    foreach(option IN LISTS listed)
+    string(REGEX MATCH "course_short_options=\"([^\"]*)\"" _ "${script}")
+    string(REPLACE " " ";" short "${CMAKE_MATCH_1}")
+    foreach(option IN LISTS listed short)
       if(NOT output MATCHES "${option}([ ,={]|\n)")
         fail("scripts/course.sh lists ${option}, which fa_course --help does not have")
+      endif()
+    endforeach()
+    # And every option fa_course --help shows is listed: course.sh refuses the others before building.
+    string(REGEX MATCHALL "(^|\n| |,)--?[A-Za-z][A-Za-z-]*" shown "${output}")
+    foreach(option IN LISTS shown)
+      string(REGEX REPLACE "^[\n ,]" "" option "${option}")
+      list(FIND listed "${option}" at_long)
+      list(FIND short "${option}" at_short)
+      if(NOT option MATCHES "^(-h|--help)$" AND at_long EQUAL -1 AND at_short EQUAL -1)
+        fail("fa_course --help shows ${option}, which scripts/course.sh does not list")
       endif()
     endforeach()
 
@@ -249,6 +261,18 @@ add_test(NAME "common: scripts/course.sh --help answers without building"
 set_tests_properties("common: scripts/course.sh --help answers without building" PROPERTIES
   PASS_REGULAR_EXPRESSION "scripts/course.sh \\[OPTIONS\\].*--walkthrough" FAIL_REGULAR_EXPRESSION "Building in"
   TIMEOUT 60)
+add_test(NAME "common: scripts/course.sh refuses an option fa_course does not have, before building"
+         COMMAND ${fa_newcomer_refusal} 2 "^course.sh: fa_course has no option --sequence " ${PROJECT_SOURCE_DIR}/scripts/course.sh
+                 --seq 64 --sequence 64)
+add_test(NAME "common: scripts/course.sh refuses an unknown short option, before building"
+         COMMAND ${fa_newcomer_refusal} 2 "^course.sh: fa_course has no option -N " ${PROJECT_SOURCE_DIR}/scripts/course.sh -N 64)
+add_test(NAME "common: scripts/gpu_suite.sh refuses a phase that does not exist, before any phase runs"
+         COMMAND ${fa_newcomer_refusal} 2 "^gpu_suite.sh: there is no phase 'tset'; the phases are: .*build"
+                 ${PROJECT_SOURCE_DIR}/scripts/gpu_suite.sh ${CMAKE_CURRENT_BINARY_DIR}/gpu_suite_refusal build tset)
+add_test(NAME "common: scripts/gpu_suite.sh refuses FA_STAGES naming no stage, before any phase runs"
+         COMMAND ${CMAKE_COMMAND} -E env FA_STAGES=10_overlapp ${fa_newcomer_refusal} 2
+                 "^gpu_suite.sh: FA_STAGES names '10_overlapp', which is no stage folder"
+                 ${PROJECT_SOURCE_DIR}/scripts/gpu_suite.sh ${CMAKE_CURRENT_BINARY_DIR}/gpu_suite_refusal build)
 add_test(NAME "common: scripts/stage_diff --help prints its usage"
          COMMAND ${PROJECT_SOURCE_DIR}/scripts/stage_diff --help)
 set_tests_properties("common: scripts/stage_diff --help prints its usage" PROPERTIES
