@@ -26,6 +26,14 @@ fa_fp8_refusal("an unknown flag" "^14_fp8: .*--frobnicate" --frobnicate)
 fa_fp8_refusal("the backward pass" "^stage 14_fp8 has no backward pass" --pass bwd)
 fa_fp8_refusal("an absurd problem" "^stage 14_fp8/bf16 refuses: " --precision bf16 --batch 1048576 --heads 1048576)
 
+# bin/14_fp8_accuracy (the README's accuracy table, on the CPU) refuses a bad command line alike.
+function(fa_fp8_accuracy_refusal name pattern)
+  add_test(NAME "stage14: bin/14_fp8_accuracy refuses ${name} in one line"
+           COMMAND ${fa_expect_refusal} 2 "${pattern}" $<TARGET_FILE:14_fp8_accuracy> ${ARGN})
+endfunction()
+fa_fp8_accuracy_refusal("N = 0" "^14_fp8_accuracy: --seq: .*0.* \\(see --help\\)$" --seq 0)
+fa_fp8_accuracy_refusal("an unknown flag" "^14_fp8_accuracy: .*--frobnicate.* \\(see --help\\)$" --frobnicate)
+
 # No GPU: the one line and exit code 4, for a plain call and for every argument list of
 # scripts/gpu_suite.sh for a forward stage: phase_sanitize's shapes (with D = 256, the stage's widest
 # bucket), run_point's (bench, causal, grouped- and multi-query), phase_memory's up to N = 2^20.

@@ -81,7 +81,14 @@ int main(int argc, char** argv) {
   app.add_option("--csv", csv_path,
                  "also write the table to this CSV file (one row per model, the problem in "
                  "every row; errors with 7 significant digits)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::ParseError& error) {
+    std::fprintf(stderr, "14_fp8_accuracy: %s (see --help)\n", error.what());  // one line, exit code 2
+    return 2;
+  }
   problem.kv_heads = problem.q_heads;
   problem.kv_seq = problem.q_seq;
 
