@@ -295,6 +295,9 @@ printf '%s\n' "$out" | grep -qx "stage_diff: $lines lines changed ($added added,
   printf '%s\n' "$out" | grep '^stage_diff:'; echo "expected $lines lines, $added added"; exit 1; }
 ]=] ${PROJECT_SOURCE_DIR}/scripts/stage_diff)
 endif()
+add_test(NAME "common: scripts/make_exercise names the stages when one does not exist"
+         COMMAND ${fa_newcomer_refusal} 2 "^make_exercise: there is no stage '77'; the stages are: 01_cpu"
+                 ${PROJECT_SOURCE_DIR}/scripts/make_exercise 77)
 add_test(NAME "common: scripts/make_exercise prints the command that checks the copy"
          COMMAND sh -c "rm -rf \"$1\" && python3 \"$0\" 4 --output \"$1\""
                  ${PROJECT_SOURCE_DIR}/scripts/make_exercise ${CMAKE_CURRENT_BINARY_DIR}/newcomer-exercise)
