@@ -6,9 +6,7 @@
 // The last cases run CUDA stages through the ABI and report skipped without a GPU.
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <iostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -140,13 +138,6 @@ std::string square_only_stage() {
       return id;
   }
   return "";
-}
-
-// Ends a case about a stage that this build left out (FA_ONLY_STAGES): ctest reports it Skipped
-// (exit code 77), not Passed. A build of all the stages never gets here.
-[[noreturn]] void skip_stage_not_built(const std::string& why) {
-  std::cout << "SKIPPED: " << why << std::endl;
-  std::exit(fa::test::kSkipExitCode);
 }
 
 // The stage folder of an id ("07_fp16_pipelined" for "07_fp16_pipelined/bf16"): what messages name.
@@ -350,7 +341,7 @@ TEST_CASE("capi: a square-only stage refuses GQA, Nq != Nk and the LSE before to
   // Host pointers, and on a machine without a GPU no device: had the ABI looked at either first,
   // the answer would be FA_INVALID_ARGUMENT or FA_CUDA_ERROR, not FA_UNSUPPORTED.
   const std::string id = square_only_stage();
-  if (id.empty()) skip_stage_not_built("this build (FA_ONLY_STAGES) has no square-only stage");
+  if (id.empty()) fa::test::skip("this build (FA_ONLY_STAGES) has no square-only stage");
   const char* stage = id.c_str();
   std::vector<float> buffer(4096, 0.0f);
   float* p = buffer.data();
@@ -434,7 +425,7 @@ TEST_CASE("capi: the backward pass takes `deterministic` 0 or 1, and a version-2
   // On stage 11's CPU descriptor, whose backward is the same in either mode: the field is read,
   // checked and passed on (fa/deterministic.hpp); the GPU tests check what each stage does with it.
   const char* id = "11_backward/fp32";
-  if (fa_stage_features(id) < 0) skip_stage_not_built("stage 11 is not part of this build (FA_ONLY_STAGES)");
+  if (fa_stage_features(id) < 0) fa::test::skip("stage 11 is not part of this build (FA_ONLY_STAGES)");
   const fa_problem problem = make_problem(1, 2, 1, 9, 13, 8, false);
   HostCall call(problem, 2024);
   REQUIRE(fa_forward_v2(id, &call.args) == FA_OK);
@@ -609,7 +600,7 @@ TEST_CASE("capi: v2 backward through the C++ backward of stage 11 matches the re
   // "11_backward/fp32" is stage 11's third descriptor, on the CPU: its forward writes O and the LSE,
   // its backward dQ, dK and dV (poisoned first) from dO, in host memory. GQA, Nq != Nk, causal.
   const char* id = "11_backward/fp32";
-  if (fa_stage_features(id) < 0) skip_stage_not_built("stage 11 is not part of this build (FA_ONLY_STAGES)");
+  if (fa_stage_features(id) < 0) fa::test::skip("stage 11 is not part of this build (FA_ONLY_STAGES)");
   REQUIRE((fa_stage_features(id) & FA_FEATURE_BACKWARD) != 0);
   const fa_problem problem = make_problem(2, 4, 2, 23, 41, 24, true);
   HostCall call(problem, 1190);

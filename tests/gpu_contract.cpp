@@ -19,11 +19,15 @@ bool gpu_required() {
 void skip_or_fail(const std::string& why) {
   if (why.empty()) return;
   if (gpu_required()) FAIL(why + " -- and FA_REQUIRE_GPU=1, so this is a failure, not a skip");
-  std::cout << "SKIPPED: " << why << std::endl;
-  std::exit(kSkipExitCode);
+  skip(why);
 }
 
 }  // namespace
+
+void skip(const std::string& why) {
+  std::cout << "SKIPPED: " << why << std::endl;
+  std::exit(kSkipExitCode);
+}
 
 void require_cuda_device(int min_compute_capability) {
   const DeviceInfo device = query_device();

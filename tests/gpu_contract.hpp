@@ -10,6 +10,7 @@
 // does not.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "catch_compat.hpp"
@@ -21,6 +22,9 @@ namespace fa::test {
 
 // ctest reports a test that exits with this code as Skipped (SKIP_RETURN_CODE).
 constexpr int kSkipExitCode = 77;
+
+// Prints "SKIPPED: why" and ends the test process with kSkipExitCode: every skip of the suite.
+[[noreturn]] void skip(const std::string& why);
 
 // Like require_stage_runnable, for tests of the harness itself.
 void require_cuda_device(int min_compute_capability = 0);

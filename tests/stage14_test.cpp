@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <iostream>
 #include <string>
 #include <vector>
 
@@ -45,8 +44,7 @@ void require_hopper() {
   const std::string why =
       "stage 14 needs sm_90 (H100/H200); this GPU is sm_" + std::to_string(device.compute_capability);
   if (required != nullptr && std::strcmp(required, "1") == 0) FAIL(why + " -- and FA_REQUIRE_GPU=1");
-  std::cout << "SKIPPED: " << why << std::endl;
-  std::exit(test::kSkipExitCode);
+  test::skip(why);
 }
 
 Problem general(int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t q_seq, int64_t kv_seq, int64_t dim,

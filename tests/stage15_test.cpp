@@ -9,7 +9,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <iostream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -195,8 +194,7 @@ void require_gpus(int needed) {
       "too few GPUs: " + std::to_string(visible) + " visible, the test needs " + std::to_string(needed);
   const char* required = std::getenv("FA_REQUIRE_GPUS");
   if (required != nullptr && std::atoi(required) >= needed) FAIL(why + " -- and FA_REQUIRE_GPUS=" << required);
-  std::cout << "SKIPPED: " << why << std::endl;
-  std::exit(test::kSkipExitCode);
+  test::skip(why);
 }
 
 }  // namespace
