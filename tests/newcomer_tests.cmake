@@ -273,6 +273,8 @@ add_test(NAME "common: scripts/gpu_suite.sh refuses FA_STAGES naming no stage, b
          COMMAND ${CMAKE_COMMAND} -E env FA_STAGES=10_overlapp ${fa_newcomer_refusal} 2
                  "^gpu_suite.sh: FA_STAGES names '10_overlapp', which is no stage folder"
                  ${PROJECT_SOURCE_DIR}/scripts/gpu_suite.sh ${CMAKE_CURRENT_BINARY_DIR}/gpu_suite_refusal build)
+add_test(NAME "common: scripts/offline_deps.sh refuses an argument, before downloading"
+         COMMAND ${fa_newcomer_refusal} 2 "^offline_deps.sh: takes no arguments" ${PROJECT_SOURCE_DIR}/scripts/offline_deps.sh --dry-run)
 add_test(NAME "common: scripts/stage_diff --help prints its usage"
          COMMAND ${PROJECT_SOURCE_DIR}/scripts/stage_diff --help)
 set_tests_properties("common: scripts/stage_diff --help prints its usage" PROPERTIES
