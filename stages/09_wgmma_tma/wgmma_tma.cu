@@ -29,9 +29,10 @@
 // into a padded workspace (README, "Causal masking, partial tiles, head dims, general shapes").
 //
 // The device helpers this stage teaches live in fa/kernel/: tma.cuh (tensor maps and bulk tensor
-// copies), mbarrier.cuh (the barrier with a transaction count) and wgmma.cuh (wgmma, its matrix
-// descriptors, setmaxnreg); convert.cuh (stage 07), exp2.cuh (stage 06) and launch_order.cuh
-// (stage 03) are reused.
+// copies), mbarrier.cuh (the barrier with a transaction count), wgmma.cuh (wgmma, its matrix
+// descriptors, setmaxnreg), and the frame every Hopper stage composes: tma_ring.cuh (the ring),
+// wgmma_walk.cuh (the descriptor walk), tma_forward.cuh (the producer loop, the softmax step, the
+// epilogue); convert.cuh (stage 07), exp2.cuh (stage 06) and launch_order.cuh (stage 03) are reused.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -110,11 +111,16 @@ struct Tiling {
   static constexpr int kKvPanelBytes = kKeys * kPanelRowBytes;
   static constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
   static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
-  // The barriers: Q has landed; per ring slot, K has landed, V has landed, the slot is free again.
-  static constexpr int kBarriers = 1 + 3 * kStages;
-  // Q tile, the ring (kStages x (K tile, V tile)), the barriers, and room to align the start to
+  // One Q tile, in which O is staged too (stage 10 has two where they fit: README, "Persistent blocks").
+  static constexpr int kQueryBuffers = 1;
+  // The barriers: Q has landed, Q is free again; per ring slot, K has landed, V has landed, K is
+  // free again, V is free again. Beside them the index of the piece the Q tile holds.
+  static constexpr int kBarriers = 2 + 4 * kStages;
+  static constexpr int kPieceSlotBytes = 8;
+  // A Q tile, the ring (kStages x (K tile, V tile)), the barriers, and room to align the start to
   // 1024 bytes (the 128-byte swizzle's period; dynamic shared memory only promises 16).
-  static constexpr int kSharedBytes = kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes + kBarriers * 8;
+  static constexpr int kSharedBytes =
+      kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes + kBarriers * 8 + kPieceSlotBytes;
 
   static constexpr int kRegistersAtLaunch = 65536 / kThreads / 8 * 8;
   static_assert(kDim % kPanelColumns == 0, "a tile is whole 64-column panels");
@@ -126,6 +132,9 @@ struct Tiling {
   static_assert(kSharedBytes <= kSharedBytesPerBlock, "the tiles do not fit in one block's shared memory");
 };
 
+// A block computes pieces blockIdx.x, blockIdx.x + gridDim.x, ... (`pieces` in all): the launch
+// starts one block per piece, so each computes one (stage 10 starts one block per SM, and the same
+// loop keeps each busy with many: README, "The block").
 // One piece: Br = 64 · kConsumers query rows of one (batch, query head). Threads 0-127 are the
 // producer warpgroup (thread 0 issues every copy, the rest have nothing to do), the next
 // 128 · kConsumers threads the consumer warpgroups, 64 rows each. The tensor maps describe Q and O
@@ -136,26 +145,29 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     wgmma_attention_kernel(const __grid_constant__ CUtensorMap query_map, const __grid_constant__ CUtensorMap key_map,
                            const __grid_constant__ CUtensorMap value_map, const __grid_constant__ CUtensorMap out_map,
                            Element* __restrict__ o, float* __restrict__ lse, int q_seq, int kv_seq, int dim,
-                           int query_tiles, int q_heads, int kv_heads, int heads_total, bool causal,
+                           int query_tiles, int q_heads, int kv_heads, int heads_total, int pieces, bool causal,
                            bool store_by_copy_engine, float scale_log2) {
 #if FA_SM90A_DEVICE_CODE
   using T = Tiling<kDim>;
   using namespace kernel;
   constexpr int kKeySteps = T::kKeys / kMmaDepth;  // 16-key steps of P·V
 
-  // Shared memory, aligned to the swizzle's 1024-byte period: Q (kPanels panels of Br rows x 128
-  // bytes), then ring slot s = (K tile, V tile), each kPanels panels of Bc rows x 128 bytes, then
-  // the barriers.
+  // Shared memory, aligned to the swizzle's 1024-byte period: the Q tile (kPanels panels of Br
+  // rows x 128 bytes each), then ring slot s = (K tile, V tile), each kPanels panels of Bc rows x 128
+  // bytes, then the barriers and the piece slot.
   extern __shared__ unsigned char shared_memory[];
   unsigned char* shared =
       shared_memory + ((kSwizzleBytes - shared_address(shared_memory) % kSwizzleBytes) % kSwizzleBytes);
   unsigned char* query_tile = shared;
   unsigned char* ring = shared + T::kQueryTileBytes;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(ring + T::kStages * 2 * T::kKvTileBytes);
-  uint64_t* query_full = barriers;
-  uint64_t* key_full = barriers + 1;                    // [kStages]
-  uint64_t* value_full = barriers + 1 + T::kStages;     // [kStages]
-  uint64_t* slot_free = barriers + 1 + 2 * T::kStages;  // [kStages]
+  uint64_t* query_full = barriers;                                     // [kQueryBuffers]
+  uint64_t* query_free = barriers + 1;                                 // [kQueryBuffers]
+  uint64_t* key_full = barriers + 2;                                   // [kStages]
+  uint64_t* value_full = barriers + 2 + T::kStages;                    // [kStages]
+  uint64_t* key_free = barriers + 2 + 2 * T::kStages;                  // [kStages]
+  uint64_t* value_free = barriers + 2 + 3 * T::kStages;                // [kStages]
+  int* piece_slots = reinterpret_cast<int*>(barriers + T::kBarriers);  // [kQueryBuffers]
   const auto key_slot = [&](int slot) { return ring + 2 * slot * T::kKvTileBytes; };
   const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * T::kKvTileBytes; };
 
@@ -165,61 +177,44 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
                                                      causal);
   };
 
-  const Piece piece = piece_at(blockIdx.x);
-
   // One thread sets up the barriers. A "full" barrier expects one arrival (the producer's, which
-  // also announces the bytes to come); "slot free" expects one arrival from each consumer warp.
+  // also announces the bytes to come); "free" expects one arrival from each consumer warp.
+  constexpr int kConsumerWarps = T::kConsumers * kWarpgroupThreads / kWarpSize;
   if (threadIdx.x == 0) {
-    barrier_init(query_full, 1);
+    for (int buffer = 0; buffer < T::kQueryBuffers; ++buffer) {
+      barrier_init(&query_full[buffer], 1);
+      barrier_init(&query_free[buffer], kConsumerWarps);
+    }
     for (int slot = 0; slot < T::kStages; ++slot) {
       barrier_init(&key_full[slot], 1);
       barrier_init(&value_full[slot], 1);
-      barrier_init(&slot_free[slot], T::kConsumers * kWarpgroupThreads / kWarpSize);
+      barrier_init(&key_free[slot], kConsumerWarps);
+      barrier_init(&value_free[slot], kConsumerWarps);
     }
     fence_barrier_init();
   }
   __syncthreads();  // the last block-wide barrier: from here on the roles go their own ways
 
-  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  const int warpgroup = uniform_warpgroup();  // kernel/wgmma.cuh: the descriptors stay uniform
   if (warpgroup == 0) {
     // ---- The producer ------------------------------------------------------------------------
     // It computes addresses and waits on barriers: 24 registers a thread are plenty. The registers
-    // it gives back let the consumers grow (to 240 a thread; 160 with three consumers).
+    // it gives back let the consumers grow (to 240 a thread; 160 with three consumers). It loads
+    // each piece's Q, then its K/V tiles into the ring, each slot once the consumers have freed it
+    // (kernel/tma_forward.cuh, README "The block").
     release_registers<T::kProducerRegisters>();
     if (threadIdx.x == 0) {
       prefetch_tensor_map(&query_map);
       prefetch_tensor_map(&key_map);
       prefetch_tensor_map(&value_map);
-      // Q: one box of Br rows x 64 columns per panel, all completing on query_full. Rows past Nq
-      // (the last query tile) arrive as zeros.
-      barrier_arrive_expect_bytes(query_full, T::kQueryTileBytes);
-      copy_tile_to_shared<T::kPanels, T::kQueryPanelBytes>(query_tile, &query_map, query_full, piece.first_row,
-                                                           piece.query_head);
-      // The ring: tile t goes to slot t % kStages. Before reusing a slot (from the second pass on)
-      // wait until all consumer warps have released it: the phase that completed on their
-      // (t / kStages)-th release, parity (t / kStages - 1) % 2. K and V have barriers of their own,
-      // so QKᵀ can start while V is still on its way.
-      for (int tile = 0; tile < piece.tiles; ++tile) {
-        const int slot = tile % T::kStages;
-        const int pass = tile / T::kStages;
-        if (pass > 0) barrier_wait(&slot_free[slot], (pass - 1) & 1);
-        const int key_base = tile * T::kKeys;
-        barrier_arrive_expect_bytes(&key_full[slot], T::kKvTileBytes);
-        for (int panel = 0; panel < T::kPanels; ++panel) {
-          copy_box_to_shared(shared_address(key_slot(slot) + panel * T::kKvPanelBytes), &key_map,
-                             shared_address(&key_full[slot]), panel * kPanelColumns, key_base, piece.kv_head);
-        }
-        barrier_arrive_expect_bytes(&value_full[slot], T::kKvTileBytes);
-        for (int panel = 0; panel < T::kPanels; ++panel) {
-          copy_box_to_shared(shared_address(value_slot(slot) + panel * T::kKvPanelBytes), &value_map,
-                             shared_address(&value_full[slot]), panel * kPanelColumns, key_base, piece.kv_head);
-        }
-      }
+      produce_pieces<T::kStages, T::kKeys, T::kPanels, T::kQueryPanelBytes, T::kKvPanelBytes, T::kQueryBuffers>(
+          piece_at, pieces, query_tile, ring, &query_map, &key_map, &value_map, query_full, query_free, key_full,
+          value_full, key_free, value_free, nullptr, piece_slots);
     }
   } else {
     // ---- The consumers -----------------------------------------------------------------------
     claim_registers<T::kConsumerRegisters>();
-    const int consumer = warpgroup - 1;  // which 64 rows of the block
+    const int consumer = warpgroup - 1;  // which 64 rows of the piece
     const int thread = threadIdx.x % kWarpgroupThreads;
     const int warp = thread / kWarpSize;  // within the warpgroup: rows 16·warp .. 16·warp + 15
     const int lane = threadIdx.x % kWarpSize;
@@ -227,15 +222,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // columns 2·quad and 2·quad + 1 (the layout of stage 08's mma.m16n8k16).
     const int group = lane / 4;
     const int quad = lane % 4;
-    const int consumer_first_row = piece.first_row + consumer * kMmaRows;
-    const int warp_first_row = consumer_first_row + warp * 16;
-
-    // The keys row `group + 8·half` of this warp sees end below this limit (causal_key_end's rule
-    // in 32 bits, without its clamp at 0, which changes no comparison with a key index).
     const int diagonal = 1 + kv_seq - q_seq;
-    const auto key_limit = [&](int half) {
-      return causal ? min(kv_seq, warp_first_row + group + 8 * half + diagonal) : kv_seq;
-    };
 
     // The matrix descriptors (README, "The matrix descriptor"). In a 128-byte-swizzled panel, row r
     // of a tile is 128 bytes at r·128, and 8 rows (1024 bytes) are one swizzle period: the stride
@@ -252,93 +239,102 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     float out[kDim / 2];
     float row_max[2];
     float row_sum[2];
-    start_rows<kDim>(out, row_max, row_sum, warp_first_row, group, q_seq, kv_seq, causal);
+    float scores[T::kKeys / 2];
 
-    barrier_wait(query_full, 0);
-
-#pragma unroll 1
-    for (int tile = 0; tile < piece.tiles; ++tile) {
-      const int slot = tile % T::kStages;
-      const unsigned parity = (tile / T::kStages) & 1;  // pass n of the ring waits for phase n
-      const int key_base = tile * T::kKeys;
-
-      // S = Q Kᵀ: kDim / 16 wgmma, each 64 rows x Bc keys x 16 dims, both operands in shared
-      // memory. The first overwrites the accumulators, the others add to them. They run
-      // asynchronously: commit them as one group and wait for it.
-      barrier_wait(&key_full[slot], parity);
-      float scores[T::kKeys / 2];
+    // What one tile takes. Ring tile r (the block's r-th K/V tile, over all its pieces) sits in slot
+    // r % kStages.
+    // S = Q·Kᵀ of ring tile r: kDim / 16 wgmma, both operands in shared memory, the first
+    // overwriting the accumulators.
+    // Q from the tile of the block's piece n, n % kQueryBuffers.
+    const auto issue_scores_of = [&](int r, int n) {
+      wait_slot_full<T::kStages>(key_full, r);
       issue_scores<Element, kDim, T::kKeys, T::kQueryPanelBytes, T::kKvPanelBytes>(
-          scores, query_descriptor, k_major_descriptor(shared_address(key_slot(slot))));
-      wgmma_wait<0>();
-      fence_registers(scores);
+          scores, advance_descriptor(query_descriptor, n % T::kQueryBuffers * T::kQueryTileBytes),
+          k_major_descriptor(shared_address(key_slot(r % T::kStages))));
+    };
+    const auto release = [&](uint64_t* free_barrier) { release_to_producer(free_barrier, lane); };
 
-      // The online softmax on the accumulators, as in stage 08: scores[4j + e] is key
-      // key_base + 8j + 2·quad + e % 2 of the top row (e < 2) or the bottom row (e >= 2); the mask
-      // only where the tile reaches past the keys every row sees (kernel/tma_forward.cuh).
+    int ring_tile = 0;  // the ring tile of the piece's first K/V tile
+    int round = 0;
+#pragma unroll 1
+    for (int64_t index = blockIdx.x; index < pieces; index += gridDim.x, ++round) {
+      const Piece piece = piece_at(index);
+      const int consumer_first_row = piece.first_row + consumer * kMmaRows;
+      const int warp_first_row = consumer_first_row + warp * 16;
+      // The keys row `group + 8·half` of this warp sees end below this limit (causal_key_end's rule
+      // in 32 bits, without its clamp at 0, which changes no comparison with a key index).
+      const auto key_limit = [&](int half) {
+        return causal ? min(kv_seq, warp_first_row + group + 8 * half + diagonal) : kv_seq;
+      };
+      start_rows<kDim>(out, row_max, row_sum, warp_first_row, group, q_seq, kv_seq, causal);
+      // The online softmax on the accumulators, as in stage 08, on S of the piece's tile `tile`:
+      // scores[4j + e] is key 8j + 2·quad + e % 2 of the tile, of the top row (e < 2) or the bottom
+      // row (e >= 2); the mask only where the tile reaches past the keys every row sees
+      // (kernel/tma_forward.cuh).
+      const auto softmax = [&](int tile, float(&rescale)[2]) {
+        softmax_step<T::kKeys>(scores, (piece.first_tile + tile) * T::kKeys, piece.unmasked_keys, quad, key_limit,
+                               row_max, row_sum, rescale, scale_log2);
+      };
+
+      barrier_wait(&query_full[round % T::kQueryBuffers], (round / T::kQueryBuffers) & 1);
+
+      // A tile at a time: S = Q·Kᵀ, issued asynchronously and waited for (then K's slot is free);
+      // its softmax; O rescaled by the new max; once V has landed, O += P·V, waited for (then V's
+      // slot is free).
+      const int tiles = piece.tiles - piece.first_tile;
       float rescale[2];
-      softmax_step<T::kKeys>(scores, key_base, piece.unmasked_keys, quad, key_limit, row_max, row_sum, rescale,
-                             scale_log2);
+#pragma unroll 1
+      for (int tile = 0; tile < tiles; ++tile) {
+        const int r = ring_tile + tile;
+        issue_scores_of(r, round);
+        wgmma_wait<0>();
+        fence_registers(scores);
+        release(&key_free[r % T::kStages]);
+        softmax(tile, rescale);
 #pragma unroll
-      for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
-
-      barrier_wait(&value_full[slot], parity);
-      // EXERCISE BEGIN: P as the register A operand of P·V, then O += P·V with V through its matrix descriptor
-      // Score tiles 2j and 2j + 1 hold keys 16j .. 16j + 15 of this thread's two rows, exactly where
-      // wgmma's register A fragment wants them (the layout of stage 08's mma.m16n8k16 A, per warp):
-      // {top row keys 2·quad, +1}, {bottom row, same keys}, {top row, 8 keys on}, {bottom row, 8 on}.
-      unsigned probs[kKeySteps][4];
+        for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
+        wait_slot_full<T::kStages>(value_full, r);
+        // EXERCISE BEGIN: P as the register A operand of P·V, then O += P·V
+        // Score tiles 2j and 2j + 1 hold keys 16j .. 16j + 15 of this thread's two rows, exactly
+        // where wgmma's register A fragment wants them (the layout of stage 08's mma.m16n8k16 A, per
+        // warp): {top row keys 2·quad, +1}, {bottom row, same keys}, {top row, 8 keys on}, {bottom
+        // row, 8 on}.
+        unsigned probs[kKeySteps][4];
 #pragma unroll
-      for (int j = 0; j < kKeySteps; ++j) {
-        probs[j][0] = pack_pair<Element>(scores[8 * j + 0], scores[8 * j + 1]);
-        probs[j][1] = pack_pair<Element>(scores[8 * j + 2], scores[8 * j + 3]);
-        probs[j][2] = pack_pair<Element>(scores[8 * j + 4], scores[8 * j + 5]);
-        probs[j][3] = pack_pair<Element>(scores[8 * j + 6], scores[8 * j + 7]);
+        for (int j = 0; j < kKeySteps; ++j) {
+          probs[j][0] = pack_pair<Element>(scores[8 * j + 0], scores[8 * j + 1]);
+          probs[j][1] = pack_pair<Element>(scores[8 * j + 2], scores[8 * j + 3]);
+          probs[j][2] = pack_pair<Element>(scores[8 * j + 4], scores[8 * j + 5]);
+          probs[j][3] = pack_pair<Element>(scores[8 * j + 6], scores[8 * j + 7]);
+        }
+        // O += P V: one wgmma per 16 keys, 64 rows x kDim dims, B = V read MN-major (transposed):
+        // a 16-key step starts 16 rows (2048 bytes) further; the leading byte offset steps from one
+        // 64-dim panel of V to the next.
+        const uint64_t value_descriptor =
+            mn_major_descriptor<T::kKvPanelBytes>(shared_address(value_slot(r % T::kStages)));
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < kKeySteps; ++j) {
+          wgmma_registers<Element, kDim>(out, probs[j],
+                                         advance_descriptor(value_descriptor, j * kMmaDepth * kPanelRowBytes));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(out);
+        // EXERCISE END
+        release(&value_free[r % T::kStages]);
       }
-      // O += P V: one wgmma per 16 keys, 64 rows x kDim dims, B = V read MN-major (transposed):
-      // a 16-key step starts 16 rows (2048 bytes) further; the leading byte offset steps from one
-      // 64-dim panel of V to the next.
-      const uint64_t value_descriptor =
-          matrix_descriptor(shared_address(value_slot(slot)), T::kKvPanelBytes, kSwizzleBytes);
-      wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < kKeySteps; ++j) {
-        wgmma_registers<Element, kDim>(out, probs[j],
-                                       advance_descriptor(value_descriptor, j * kMmaDepth * kPanelRowBytes));
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_registers(out);
-      // EXERCISE END
+      ring_tile += tiles;
 
-      // This warp is done reading the slot: one arrival per consumer warp frees it for the producer.
-      release_to_producer(&slot_free[slot], lane);
+      // ---- The epilogue ----------------------------------------------------------------------
+      // O / l staged in this warpgroup's own 64 rows of the Q tile (no longer read by anyone: its
+      // last wgmma has completed), then written out (kernel/tma_forward.cuh).
+      write_piece_output<Element, kDim, T::kPanels, T::kQueryPanelBytes, true>(
+          out, row_max, row_sum, query_tile, consumer, thread, warp, lane, group, quad, consumer_first_row, q_seq, dim,
+          lse, piece.query_head, &out_map, o, store_by_copy_engine, query_free);
     }
-
-    // ---- The epilogue ------------------------------------------------------------------------
-    // l from the four threads of each row; O / l rounded to the element type and staged in this
-    // warpgroup's own 64 rows of the Q tile (no longer read by anyone: its last wgmma has
-    // completed), swizzled like the tiles TMA writes; then written out.
-    stage_output_rows<Element, kDim, T::kQueryPanelBytes>(out, row_max, row_sum, query_tile, consumer * kMmaRows, warp,
-                                                          group, quad, consumer_first_row, q_seq, lse,
-                                                          piece.query_head);
-    if (store_by_copy_engine) {
-      // The staged rows were written by ordinary stores; TMA reads them through the async proxy.
-      // Each writing thread fences, the warpgroup meets at its own barrier, then one thread stores
-      // every panel as one box of 64 rows (rows past Nq and columns past D are not written) and
-      // waits until the copy engine has read the staging before the block may exit.
-      fence_shared_for_async_proxy();
-      sync_threads(1 + consumer, kWarpgroupThreads);
-      if (thread == 0 && consumer_first_row < q_seq) {
-        store_staged_rows<T::kPanels, T::kQueryPanelBytes>(&out_map, query_tile, consumer * kMmaRows,
-                                                           consumer_first_row, piece.query_head);
-        wait_stores_read();
-      }
-    } else {
-      // The fallback (D not a multiple of 8, or O off a 16-byte boundary): element by element.
-      sync_threads(1 + consumer, kWarpgroupThreads);
-      copy_staged_rows<Element, T::kQueryPanelBytes>(o, query_tile, consumer * kMmaRows, thread, consumer_first_row,
-                                                     q_seq, dim, piece.query_head);
-    }
+    // The block's shared memory must outlive the copy engine's reads of the last staged O.
+    if (store_by_copy_engine && thread == 0) wait_stores_read();
   }
 #else
   __trap();  // never launched: the runner refuses every GPU but sm_90 (the descriptor's architecture)
@@ -354,16 +350,17 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
   const auto kernel = &wgmma_attention_kernel<Element, kDim>;
   FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
   const int64_t query_tiles = (problem.q_seq + T::kQueryRows - 1) / T::kQueryRows;
-  const int64_t blocks = query_tiles * problem.q_heads_total();
-  FA_STATUS_TRY(check_grid(blocks));
+  const int64_t pieces = query_tiles * problem.q_heads_total();
+  FA_STATUS_TRY(check_grid(pieces));
   const float scale_log2 = softmax_scale(problem) * kernel::kLog2e;
   // Every count below fits an int: the runner has checked the problem against validate_problem's
-  // limits (B·Hq <= 2^20, N <= 2^24) and the grid against 2^31 - 1.
-  kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
+  // limits (B·Hq <= 2^20, N <= 2^24) and the pieces against 2^31 - 1. One block per piece.
+  kernel<<<static_cast<unsigned>(pieces), T::kThreads, T::kSharedBytes, args.stream>>>(
       maps.query, maps.key, maps.value, maps.out, static_cast<Element*>(args.o), args.lse,
       static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim),
       static_cast<int>(query_tiles), static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads),
-      static_cast<int>(problem.q_heads_total()), problem.causal, inputs.store_by_copy_engine, scale_log2);
+      static_cast<int>(problem.q_heads_total()), static_cast<int>(pieces), problem.causal, inputs.store_by_copy_engine,
+      scale_log2);
   FA_LAUNCH_TRY();
   return Status();
 }
@@ -379,18 +376,20 @@ Status forward(const ForwardArgs& args) {
       args.problem.dim, [&](auto bucket) { return launch<Element, decltype(bucket)::value>(args, inputs); });
 }
 
+StageDescriptor describe(Precision precision, ForwardFn forward_function, const char* title) {
+  return kernel::describe_tma_stage("09_wgmma_tma", precision, forward_function, title, FA_SOURCE_HASH);
+}
+
 }  // namespace
 
 StageDescriptor wgmma_tma_fp16() {
-  return kernel::describe_tma_stage("09_wgmma_tma", Precision::fp16, &forward<__half>,
-                                    "TMA copies + wgmma on warpgroups, one producer warp, setmaxnreg (FP16, sm_90a)",
-                                    FA_SOURCE_HASH);
+  return describe(Precision::fp16, &forward<__half>,
+                  "TMA copies + wgmma on warpgroups, one producer warp, setmaxnreg (FP16, sm_90a)");
 }
 
 StageDescriptor wgmma_tma_bf16() {
-  return kernel::describe_tma_stage("09_wgmma_tma", Precision::bf16, &forward<__nv_bfloat16>,
-                                    "TMA copies + wgmma on warpgroups, one producer warp, setmaxnreg (BF16, sm_90a)",
-                                    FA_SOURCE_HASH);
+  return describe(Precision::bf16, &forward<__nv_bfloat16>,
+                  "TMA copies + wgmma on warpgroups, one producer warp, setmaxnreg (BF16, sm_90a)");
 }
 
 }  // namespace fa::stages

@@ -1,37 +1,21 @@
-// Stage 10: FlashAttention-3's schedule. The data movement is stage 09's: TMA copies into a ring of
-// K/V slots completing on mbarriers, one producer warp, consumer warpgroups that run both products
-// as wgmma (only now a slot's K and V are freed separately). What changes is when each consumer
-// warpgroup issues its products.
-//
-// In stage 09 a consumer warpgroup alternates: S = Q·Kᵀ on the tensor cores, then the softmax on
-// the ALUs and the multi-function unit (exp2), then O += P·V on the tensor cores. While its softmax
-// runs its tensor-core work has run out; only the other warpgroup's products, issued whenever the
-// warp schedulers happen to pick them, can fill the gap. Two changes fill it on purpose:
+// Stage 10: FlashAttention-3's schedule. The data movement is stage 09's (TMA copies into a ring of
+// K/V slots, one producer warp, consumer warpgroups that run both products as wgmma, a loop over
+// pieces); what changes is when each consumer warpgroup issues its products. In stage 09 a
+// warpgroup's tensor-core work runs out while it computes its softmax; two changes fill that gap:
 //
 //   - Overlap inside a warpgroup: S of the next tile is issued together with O += P·V of the
 //     current one, and the warpgroup waits for S alone (wgmma.wait_group 1) before it computes that
 //     tile's softmax, while P·V is still on the tensor cores. It costs registers: S of the next
-//     tile, P of the current one and O are all live at once. (ptxas 13.0 keeps that order only
-//     because each loop body opens with the wait for P·V and ends with the softmax: README, "What
-//     the compiler made of it".) At D = 64 three warpgroups without it keep the tensor cores busier.
+//     tile, P of the current one and O are all live at once (README, "What the compiler made of
+//     it"). At D = 64 three warpgroups without it keep the tensor cores busier.
 //   - Ping-pong between warpgroups: the consumer warpgroups take turns to issue their products,
 //     ordered by named barriers (bar.sync to take the turn, bar.arrive to pass it on), so that one
 //     warpgroup's products run while the other computes its softmax.
 //
-// And one change fills the gaps between pieces of work: up to D = 128 the blocks are persistent,
-// one per SM, each looping over (query tile, head) pieces (under the causal mask taken from a queue,
-// heaviest first). A stage 09 block computed one piece and exited; the next block then had to
-// start, set up its barriers and wait for its first Q and K before any product could run: gaps that
-// weigh most at short sequences (N = 1024: 8 K/V tiles a piece). Here the producer runs ahead into
-// the next piece: its K/V tiles fill the ring, and its Q lands in the other Q tile, while the
-// consumers still finish the last piece's P·V and write its O. At D = 64, 192 and 256 without the
-// mask, the pieces of the last, partial round are split by their key tiles into parts, one block
-// each, and the last part to finish merges their states (README, "The last round").
-//
-// Everything else (causal masking, grouped-query heads, Nq != Nk, any N, head dims 1 .. 256 in
-// buckets with padded copies for D % 8 != 0, the log-sum-exp, the TMA store of O) is stage 09's, with
-// one bucket more: D = 192, which stage 09 pads to 256 (README, "What it costs: registers");
-// `scripts/stage_diff 09 10` shows the two changes: the schedule and the persistent blocks.
+// Around the schedule, stage 09's loop over pieces runs in persistent blocks, one per SM, up to
+// D = 128 (the next piece's Q lands while this one is computed), and the last round's pieces may be
+// split by their key tiles (split_pieces.cuh; README, "Persistent blocks" and "The last round"). One
+// head-dim bucket more than stage 09: D = 192, which stage 09 pads to 256.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -59,6 +43,7 @@
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
 #include "last_round.hpp"
+#include "split_pieces.cuh"
 
 // wgmma and setmaxnreg exist only in the sm_90a target (the 'a' is for "architecture-specific":
 // code built for it runs on compute capability 9.0 and nothing else). CMake builds this stage for
@@ -96,18 +81,16 @@ constexpr int kTurnBarrier = 4;
 template <int kDim>
 struct Tiling {
   // Whether a warpgroup overlaps its softmax with its own P·V (README, "Overlap inside a
-  // warpgroup"). It needs S, O, P and the next P in registers at once: two consumers hold them.
-  // At D = 64, where a tile has half the FLOPs per score, three consumers keep the tensor cores
-  // busier than the overlap does, and three (160 registers a thread) cannot hold the next P (ptxas
-  // then serializes the wgmma): there a round waits for both products before its softmax, and the
-  // other two warpgroups' products fill the gap (README, "What the compiler made of it").
+  // warpgroup"): two consumers hold S, O, P and the next P; at D = 64 three consumers without it
+  // keep the tensor cores busier (README, "What the compiler made of it").
   static constexpr bool kOverlap = kDim > 64;
   // Consumer warpgroups of 64 query rows each (Br = 64 per consumer) and one producer warpgroup, of
   // which one thread issues every copy. Keys per K/V tile (Bc) and tiles in the ring: at D = 128 two
-  // consumers (Br = 128), 128-key tiles, two stages (160 KB of shared memory); at D = 64 three
-  // consumers (Br = 192) and three stages; at D = 256 the O accumulators take 128 registers a
-  // thread, so S gets 64 keys (32 registers), and two stages of 64-key tiles beside the 64 KB Q
-  // tile fill 192 KB; at D = 192, O's 96 leave S 96 keys (48), the same 192 KB.
+  // consumers (Br = 128), 128-key tiles, two stages (160 KB of shared memory); at D = 64, where a
+  // tile has half the FLOPs per score and the softmax weighs twice as much, three consumers
+  // (Br = 192) and three stages; at D = 256 the O accumulators take 128 registers a thread,
+  // so S gets 64 keys (32 registers), and two stages of 64-key tiles beside the 64 KB Q tile fill
+  // 192 KB; at D = 192, O's 96 leave S 96 keys (48), the same 192 KB.
   static constexpr int kConsumers = kOverlap ? 2 : 3;
   static constexpr int kKeys = kDim <= 128 ? 128 : kDim <= 192 ? 96 : 64;
   static constexpr int kStages = kDim <= 64 ? 3 : 2;
@@ -129,9 +112,8 @@ struct Tiling {
   static constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
   static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
   // The barriers: per Q tile, Q has landed, Q is free again; per ring slot, K has landed, V has
-  // landed, K is free again, V is free again (stage 09 freed a slot's K and V together: this
-  // schedule holds V a round longer). Beside them, per Q tile the index of the piece it holds (8
-  // bytes: room for two).
+  // landed, K is free again, V is free again. Beside them, per Q tile the index of the piece it
+  // holds.
   static constexpr int kBarriers = 2 * 2 + 4 * kStages;
   static constexpr int kPieceSlotBytes = 8;
   // A Q tile, the ring (kStages x (K tile, V tile)), the barriers, and room to align the start to
@@ -210,22 +192,13 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   const auto key_slot = [&](int slot) { return ring + 2 * slot * T::kKvTileBytes; };
   const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * T::kKvTileBytes; };
 
-  // The pieces (kernel/tma_forward.cuh); from `split_from` on, the parts of the last round's pieces
-  // (README, "The last round"): index split_from + s · parts + p is part p of piece split_from + s,
-  // its key tiles p · tiles / parts .. (p + 1) · tiles / parts - 1.
-  const auto split_piece = [&](int64_t index) { return (index - split_from) / parts; };                // s
-  const auto part_of = [&](int64_t index) { return static_cast<int>((index - split_from) % parts); };  // p
+  // The pieces (kernel/tma_forward.cuh), and the parts of the last round's (split_pieces.cuh).
+  const overlap::SplitPieces<T::kSplitLastRound, T::kConsumers> split{split_from, parts};
   const auto piece_at = [&](int64_t index) {
-    const auto whole = [&](int64_t of) {
-      return kernel::piece_at<T::kQueryRows, T::kKeys>(of, query_tiles, heads_total, q_heads, kv_heads, q_seq, kv_seq,
-                                                       causal);
-    };
-    if (!T::kSplitLastRound || index < split_from) return whole(index);
-    Piece piece = whole(split_from + split_piece(index));
-    const int part = part_of(index);
-    piece.first_tile = part * piece.tiles / parts;
-    piece.tiles = (part + 1) * piece.tiles / parts;
-    return piece;
+    return split.at(index, [&](int64_t whole) {
+      return kernel::piece_at<T::kQueryRows, T::kKeys>(whole, query_tiles, heads_total, q_heads, kv_heads, q_seq,
+                                                       kv_seq, causal);
+    });
   };
 
   // One thread sets up the barriers. A "full" barrier expects one arrival (the producer's, which
@@ -294,8 +267,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // byte permute puts it into `probs` (an instruction, so ptxas cannot give both the same registers).
     unsigned next_probs[kKeySteps][4];
 
-    // What one tile takes, as in stage 09, written once for the schedule below. Ring tile r (the
-    // block's r-th K/V tile, over all its pieces) sits in slot r % kStages.
+    // What one tile takes. Ring tile r (the block's r-th K/V tile, over all its pieces) sits in slot
+    // r % kStages.
     // S = Q·Kᵀ of ring tile r: kDim / 16 wgmma, both operands in shared memory, the first
     // overwriting the accumulators.
     // Q from the tile of the block's piece n, n % kQueryBuffers.
@@ -350,21 +323,15 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       barrier_wait(&query_full[round % T::kQueryBuffers], (round / T::kQueryBuffers) & 1);
 
       // The schedule (README, "Overlap inside a warpgroup"). Stage 09 waited for O += P·V of a tile
-      // before it started the next tile's S = Q·Kᵀ. Here, in round t, a warpgroup issues S of tile
-      // t and O += P·V of tile t - 1 together; it waits for S alone (wait_group 1: at most one
-      // group, the P·V, still running) and computes tile t's softmax while P·V of tile t - 1 is
-      // still on the tensor cores. Only then does it wait for P·V, rescale O by the new max and
-      // overwrite P. (In the SASS the wait for P·V comes before the softmax's exponentials: README,
-      // "What the compiler made of it".) A piece whose rows see no key takes no turn at all.
+      // before it started the next tile's S = Q·Kᵀ. Here round t (issue_round) issues S of tile t,
+      // rescales O by the factor of tile t - 1 (so that nothing reads O after the wait) and issues
+      // P·V of tile t - 1; it waits for S alone (wait_group 1: P·V may still run) and computes tile
+      // t's softmax, its P packed aside (next_probs) while P·V still reads `probs`. The wait for that
+      // P·V and the new P's move into `probs` (complete_round) open the next loop body: ptxas 13.0
+      // hoisted a wait for P·V that shared the softmax's basic block above the exponentials (README,
+      // "What the compiler made of it"). A piece whose rows see no key takes no turn at all.
       const int tiles = piece.tiles - piece.first_tile;
       float rescale[2];
-      // Round t (issue_round): S of tile t issued, O rescaled by the factor of tile t - 1 (so that
-      // nothing reads O after the wait: README), P·V of tile t - 1 issued; the wait for S alone, the
-      // softmax of tile t and its P packed aside (next_probs) while P·V still reads `probs`. The
-      // wait for that P·V and the new P's move into `probs` (complete_round) open the next loop body,
-      // so in each body the softmax lies between the two waits: ptxas 13.0 hoisted a wait for P·V
-      // that shared the softmax's basic block above the exponentials (README, "What the compiler
-      // made of it").
       // One turn: S of ring tile r, then O rescaled by the factor of the tile before and its P·V.
       const auto issue_products = [&](int r) {
         take_turn();
@@ -460,13 +427,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // arrive merges them all and writes the rows (README, "The last round"). The others pass
       // through the epilogue with their first row at Nq, where nothing is written: a branch around
       // it would move the loop's matrix descriptors out of uniform registers (ptxas 13.0).
-      bool writes = true;
-      if (T::kSplitLastRound && index >= split_from) {
-        const int64_t slot = split_piece(index) * T::kConsumers + consumer;
-        writes = merge_parts<kDim>(out, row_max, row_sum,
-                                   part_states + slot * parts * kPartStateFloats<kDim> * kWarpgroupThreads,
-                                   part_arrivals + slot, parts, part_of(index), consumer, thread);
-      }
+      const bool writes = split.merge(index, out, row_max, row_sum, part_states, part_arrivals, consumer, thread);
       // O / l staged in this warpgroup's own 64 rows of the O tile (or of the Q tile, no longer read
       // by anyone: its last wgmma has completed), then written out (kernel/tma_forward.cuh).
       write_piece_output<Element, kDim, T::kPanels, T::kQueryPanelBytes, !T::kOutTile>(

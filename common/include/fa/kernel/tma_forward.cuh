@@ -1,14 +1,14 @@
-// The frame of a warp-specialized TMA forward kernel, around its schedule: the piece a block
-// computes, a consumer warpgroup's running state and its softmax step (taught in stage 09's README,
-// "The block" and "Causal masking, partial tiles, head dims, general shapes"), and the producer
-// loop and the epilogue of a persistent block, which loops over pieces (taught in stage 10's
-// README, "Persistent blocks"), and the merge of a piece split in parts by its key tiles (stage 10's
-// README, "The last round"). Stage 09 writes its producer and epilogue out as the lesson; stage
-// 10 composes these around its own schedule; stage 14 the piece and the starting state (its 8-bit
-// tiles and descales take a producer and an epilogue of their own). The scalars that are a kernel's
-// parameters (the problem's sizes, `causal`, the scale) are taken by reference, so each is read
-// from the parameter space where it is used, as in the kernels that wrote these pieces out: the
-// machine code the measured rows were taken with stays the same. sm_90a only (wgmma_walk.cuh).
+// The frame of a warp-specialized TMA forward kernel, around its schedule: the pieces a block
+// computes, its producer loop, a consumer warpgroup's running state, its softmax step and its
+// epilogue (taught in stage 09's README, "The block" and "Causal masking, partial tiles, head dims,
+// general shapes"); the queue and the second Q tile of persistent blocks (stage 10's README,
+// "Persistent blocks"), and the merge of a piece split in parts by its key tiles (stage 10's README,
+// "The last round"). Stages 09 and 10 compose these around their own schedules; stage 14 the piece
+// and the starting state (its 8-bit tiles and descales take a producer and an epilogue of their
+// own). The scalars that are a kernel's parameters (the problem's sizes, `causal`, the scale) are
+// taken by reference, so each is read from the parameter space where it is used, as in the kernels
+// that wrote these pieces out: the machine code the measured rows were taken with stays the same.
+// sm_90a only (wgmma_walk.cuh).
 #pragma once
 
 #include <cmath>
@@ -87,8 +87,8 @@ __device__ __forceinline__ void softmax_step(float (&scores)[kKeys / 2], int key
   online_softmax<kKeys / kMmaColumns>(scores, row_max, row_sum, rescale, scale_log2);
 }
 
-// The producer thread of a persistent block: pieces blockIdx.x, blockIdx.x + gridDim.x, ... (their
-// count `pieces`, each from piece_at(index)), or, with a queue (`piece_counter`, zeroed by the
+// The producer thread of a block that loops over pieces: blockIdx.x, blockIdx.x + gridDim.x, ...
+// (their count `pieces`, each from piece_at(index)), or, with a queue (`piece_counter`, zeroed by the
 // launch), its first piece blockIdx.x and every later one the next that no block has taken yet:
 // gridDim.x + the counter's old value. Under the causal mask the pieces come heaviest first, so a
 // block that drew heavy pieces takes fewer of them.
@@ -157,7 +157,7 @@ __device__ __forceinline__ void produce_pieces(const PieceAt& piece_at, const in
   }
 }
 
-// The epilogue of a consumer warpgroup of a persistent block: O / l staged in its 64 rows of
+// The epilogue of a consumer warpgroup of a block that loops over pieces: O / l staged in its 64 rows of
 // `out_tile` (stage_output_rows; named barrier 1 + consumer), then stored by TMA or element by
 // element. First the staging must be free: the last piece's TMA store has read it (thread 0 issued
 // that store) and every thread of the warpgroup is done with it. The staged rows were written by
