@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
         wait_slot_full<T::kStages>(value_full, r);
-        // EXERCISE BEGIN: P as the register A operand of P·V, then O += P·V
+        // EXERCISE BEGIN: P as the register A operand of P·V, then O += P·V with V through its matrix descriptor
         // Score tiles 2j and 2j + 1 hold keys 16j .. 16j + 15 of this thread's two rows, exactly
         // where wgmma's register A fragment wants them (the layout of stage 08's mma.m16n8k16 A, per
         // warp): {top row keys 2·quad, +1}, {bottom row, same keys}, {top row, 8 keys on}, {bottom
@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         // a 16-key step starts 16 rows (2048 bytes) further; the leading byte offset steps from one
         // 64-dim panel of V to the next.
         const uint64_t value_descriptor =
-            mn_major_descriptor<T::kKvPanelBytes>(shared_address(value_slot(r % T::kStages)));
+            matrix_descriptor(shared_address(value_slot(r % T::kStages)), T::kKvPanelBytes, kSwizzleBytes);
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < kKeySteps; ++j) {
