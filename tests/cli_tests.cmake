@@ -50,6 +50,17 @@ foreach(id IN LISTS stage_ids)
            COMMAND ${fa_expect_refusal} 2 "stage ${id} does not write the log-sum-exp" $<TARGET_FILE:${id}> --lse)
 endforeach()
 
+# The two ceiling tools take no arguments: one is refused in a line with exit code 2 before the GPU is
+# looked for (a machine without one answers it too), and --help prints the usage.
+foreach(tool fa_mma_ceiling fa_read_ceiling)
+  if(TARGET ${tool})
+    add_test(NAME "common: ${tool} refuses an argument in one line, before looking for a GPU"
+             COMMAND ${fa_expect_refusal} 2 "^${tool}: takes no arguments, not '--bogus'" $<TARGET_FILE:${tool}> --bogus)
+    add_test(NAME "common: ${tool} --help prints its usage" COMMAND ${tool} --help)
+    set_tests_properties("common: ${tool} --help prints its usage" PROPERTIES PASS_REGULAR_EXPRESSION "^usage: ${tool}")
+  endif()
+endforeach()
+
 # Stage 12's read ceiling runs and prints its one row; the tool itself fails (exit 6) on a rate
 # above the memory's peak, which only a timing error could give. Exit 4 (no CUDA device, or one
 # older than sm_80) is a skip.

@@ -5,11 +5,13 @@
 //
 //   fa_mma_ceiling            prints "fp16_mma_sync,<TFLOP/s>,TFLOP/s" and the BF16 line
 //
-// Exit codes: 0 ok, 4 no CUDA device or one older than sm_80, 5 a CUDA error.
+// Exit codes: 0 ok, 2 an argument (it takes none; --help prints its usage), 4 no CUDA device or one
+// older than sm_80, 5 a CUDA error.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "fa/device.hpp"
@@ -101,7 +103,18 @@ bool measure(int blocks, float* sink, double& tflops) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // It takes no arguments: one is answered (--help) or refused before the GPU is looked for.
+  if (argc > 1) {
+    if (std::strcmp(argv[1], "--help") == 0) {
+      std::puts("usage: fa_mma_ceiling (no arguments)");
+      std::puts("prints \"fp16_mma_sync,<TFLOP/s>,TFLOP/s\" and the BF16 line");
+      std::puts("exit codes: 0 ok, 2 an argument, 4 no CUDA device or one older than sm_80, 5 a CUDA error");
+      return 0;
+    }
+    std::fprintf(stderr, "fa_mma_ceiling: takes no arguments, not '%s' (see --help)\n", argv[1]);
+    return 2;
+  }
   const fa::DeviceInfo gpu = fa::query_device();
   if (!gpu.present) {
     std::fprintf(stderr, "fa_mma_ceiling: %s\n", gpu.reason.c_str());

@@ -14,13 +14,14 @@
 //
 // A rate above the memory's peak (two transfers a clock over the whole bus, from the device's
 // attributes) would be a timing error: the tool reports it and fails.
-// Exit codes: 0 ok, 4 no CUDA device or one older than sm_80, 5 a CUDA error (or less than 1 GiB of
-// free GPU memory), 6 a rate above the peak.
+// Exit codes: 0 ok, 2 an argument (it takes none; --help prints its usage), 4 no CUDA device or one
+// older than sm_80, 5 a CUDA error (or less than 1 GiB of free GPU memory), 6 a rate above the peak.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 
 #include "fa/cuda_check.hpp"
 #include "fa/device.hpp"
@@ -140,7 +141,19 @@ double read_ceiling(int sms) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // It takes no arguments: one is answered (--help) or refused before the GPU is looked for.
+  if (argc > 1) {
+    if (std::strcmp(argv[1], "--help") == 0) {
+      std::puts("usage: fa_read_ceiling (no arguments)");
+      std::puts("prints \"read_bandwidth,<GB/s>,GB/s\"");
+      std::puts("exit codes: 0 ok, 2 an argument, 4 no CUDA device or one older than sm_80, 5 a CUDA error,");
+      std::puts("6 a rate above the peak");
+      return 0;
+    }
+    std::fprintf(stderr, "fa_read_ceiling: takes no arguments, not '%s' (see --help)\n", argv[1]);
+    return 2;
+  }
   const fa::DeviceInfo gpu = fa::query_device();
   if (!gpu.present) {
     std::fprintf(stderr, "fa_read_ceiling: %s\n", gpu.reason.c_str());
