@@ -52,12 +52,16 @@ endforeach()
 
 # The two ceiling tools take no arguments: one is refused in a line with exit code 2 before the GPU is
 # looked for (a machine without one answers it too), and --help prints the usage.
-foreach(tool fa_mma_ceiling fa_read_ceiling)
+foreach(stage_tool 08:fa_mma_ceiling 12:fa_read_ceiling)
+  string(REPLACE ":" ";" stage_tool ${stage_tool})
+  list(GET stage_tool 0 number)
+  list(GET stage_tool 1 tool)
   if(TARGET ${tool})
-    add_test(NAME "common: ${tool} refuses an argument in one line, before looking for a GPU"
+    add_test(NAME "stage${number}: ${tool} refuses an argument in one line, before looking for a GPU"
              COMMAND ${fa_expect_refusal} 2 "^${tool}: takes no arguments, not '--bogus'" $<TARGET_FILE:${tool}> --bogus)
-    add_test(NAME "common: ${tool} --help prints its usage" COMMAND ${tool} --help)
-    set_tests_properties("common: ${tool} --help prints its usage" PROPERTIES PASS_REGULAR_EXPRESSION "^usage: ${tool}")
+    add_test(NAME "stage${number}: ${tool} --help prints its usage" COMMAND ${tool} --help)
+    set_tests_properties("stage${number}: ${tool} --help prints its usage" PROPERTIES
+      PASS_REGULAR_EXPRESSION "^usage: ${tool}")
   endif()
 endforeach()
 
