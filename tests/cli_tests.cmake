@@ -52,10 +52,9 @@ endforeach()
 
 # The two ceiling tools take no arguments: one is refused in a line with exit code 2 before the GPU is
 # looked for (a machine without one answers it too), and --help prints the usage.
-foreach(stage_tool 08:fa_mma_ceiling 12:fa_read_ceiling)
-  string(REPLACE ":" ";" stage_tool ${stage_tool})
-  list(GET stage_tool 0 number)
-  list(GET stage_tool 1 tool)
+set(ceiling_stages 08 12)
+set(ceiling_tools fa_mma_ceiling fa_read_ceiling)
+foreach(number tool IN ZIP_LISTS ceiling_stages ceiling_tools)
   if(TARGET ${tool})
     add_test(NAME "stage${number}: ${tool} refuses an argument in one line, before looking for a GPU"
              COMMAND ${fa_expect_refusal} 2 "^${tool}: takes no arguments, not '--bogus'" $<TARGET_FILE:${tool}> --bogus)
