@@ -25,7 +25,8 @@
 #   merge     OUTDIR/data into the repository's data set of this GPU, plots/data/<GPU name, spaces
 #             as _>/ ($FA_DATA_DIR to choose another folder): per kind, the run's rows replace the
 #             rows with the same key, the others stay (python3 -m fa_course.bench.data merge), env.txt is
-#             replaced, and this call's summary is appended to its gpu_suite_log.txt
+#             replaced, and this call's summary is appended to its gpu_suite_log.txt (a run of some
+#             stages replaces the peers other stages were compared with: merge by hand with --keep-peers)
 # Each data phase writes its files fresh, so a partial run (say `bench merge`) replaces just its rows;
 # rows that an earlier call wrote into the same OUTDIR stay beside them (a new row replaces the
 # earlier one of the same key): calls with other FA_STAGES can share one OUTDIR and one archive. A

@@ -102,5 +102,35 @@ class Fp8Rows(Folder):
         self.assertEqual([(r["kind"], r["stage"], r["rows"], r["current"]) for r in report], [("fp8", "14_fp8", 1, 0)])
 
 
+class PeersOfAnotherRun(Folder):
+    """merge --keep-peers: a run that measured one stage beside the peers leaves the peers that
+    another stage's tables were compared with in its own run."""
+
+    def old_and_new(self):
+        old = self.folder("old", {"torch.csv": [row("10_overlap", 1.00), row("torch_cudnn", 1.04)]})
+        new = self.folder("new", {"torch.csv": [row("09_wgmma_tma", 1.10), row("torch_cudnn", 1.01),
+                                                row("torch_cudnn", 2.00, Nq=4)]})
+        return old, new
+
+    def test_a_plain_merge_replaces_the_peer(self):
+        old, new = self.old_and_new()
+        self.assertEqual(data.merge(new, old), {"torch": (1, 2, 4)})
+        peers = {r["Nq"]: r["ms_median"] for r in data.load(old)["torch"] if r["stage"] == "torch_cudnn"}
+        self.assertEqual(peers, {"1": "1.01", "4": "2"})
+
+    def test_keep_peers_keeps_the_peer_and_adds_the_rest(self):
+        old, new = self.old_and_new()
+        self.assertEqual(data.merge(new, old, keep_peers=True), {"torch": (0, 2, 4)})
+        rows = {(r["stage"], r["Nq"]): r["ms_median"] for r in data.load(old)["torch"]}
+        self.assertEqual(rows, {("10_overlap", "1"): "1", ("torch_cudnn", "1"): "1.04",
+                                ("09_wgmma_tma", "1"): "1.1", ("torch_cudnn", "4"): "2"})
+
+    def test_keep_peers_from_the_command_line(self):
+        old, new = self.old_and_new()
+        self.assertEqual(data.main(["merge", "--keep-peers", new, old]), 0)
+        peers = {r["Nq"]: r["ms_median"] for r in data.load(old)["torch"] if r["stage"] == "torch_cudnn"}
+        self.assertEqual(peers, {"1": "1.04", "4": "2"})
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -215,12 +215,17 @@ def check(folder):
     return counts
 
 
-def merge(new_folder, data_folder):
+def merge(new_folder, data_folder, keep_peers=False):
     """Merges a run's data folder into a GPU's data folder: per kind, the new rows replace the rows
     with the same key, the other rows stay; each file is written back sorted by key. env.txt, the
     walkthrough files and ncu/ reports of the run replace those of the same name. Both folders are
     checked first (the data folder need not exist yet), and the result after. Returns
-    {kind: (replaced, added, total)}."""
+    {kind: (replaced, added, total)}.
+
+    A peer's row (PyTorch's backends, cuDNN's FP8) is keyed by its shape, not by the run that
+    measured it, so a run that compared one stage with the peers replaces the peers that another
+    stage's tables were compared with in its own run. keep_peers=True merges a peer's row only where
+    the data folder has none of its key: the peers measured beside the earlier run stay."""
     check(new_folder)
     if os.path.isdir(data_folder):
         check(data_folder)
@@ -236,11 +241,17 @@ def merge(new_folder, data_folder):
     for name, kind in KINDS.items():
         if not new[name]:
             continue
-        replacing = {row_key(kind, r) for r in new[name]}
+        incoming = new[name]
+        if keep_peers:
+            held = {row_key(kind, r) for r in old[name] if r.get("stage") in schema.PEERS}
+            incoming = [r for r in incoming if row_key(kind, r) not in held]
+            if not incoming:
+                continue
+        replacing = {row_key(kind, r) for r in incoming}
         kept = [r for r in old[name] if row_key(kind, r) not in replacing]
-        write_kind(os.path.join(data_folder, kind.file), kind, kept + new[name])
-        summary[name] = (len(old[name]) - len(kept), len(new[name]) - (len(old[name]) - len(kept)),
-                         len(kept) + len(new[name]))
+        write_kind(os.path.join(data_folder, kind.file), kind, kept + incoming)
+        summary[name] = (len(old[name]) - len(kept), len(incoming) - (len(old[name]) - len(kept)),
+                         len(kept) + len(incoming))
     for entry in sorted(os.listdir(new_folder)):
         source = os.path.join(new_folder, entry)
         if entry == ENV_FILE or WALKTHROUGH.match(entry):
@@ -410,6 +421,10 @@ def main(argv=None):
     merge_parser = commands.add_parser("merge", help="merge a run's data folder into a GPU's data folder")
     merge_parser.add_argument("new")
     merge_parser.add_argument("data")
+    merge_parser.add_argument("--keep-peers", action="store_true",
+                              help="keep the data folder's peer rows (PyTorch's backends, cuDNN's FP8) where it "
+                                   "has them: for a run that measured other stages than those the peers were "
+                                   "compared with")
     stale_parser = commands.add_parser("stale", help="rows current, restamped to this tree's code, or stale")
     stale_parser.add_argument("folder")
     stale_parser.add_argument("--root", default=REPO, help="the source tree (default: %(default)s)")
@@ -427,7 +442,7 @@ def main(argv=None):
                 counts = check(folder)
                 print(f"{folder}: ok, " + ", ".join(f"{KINDS[k].file} {n} rows" for k, n in counts.items()))
         elif args.command == "merge":
-            summary = merge(args.new, args.data)
+            summary = merge(args.new, args.data, keep_peers=args.keep_peers)
             for kind, (replaced, added, total) in summary.items():
                 print(f"{KINDS[kind].file}: {replaced} rows replaced, {added} added, {total} in all")
             if not summary:
