@@ -24,9 +24,9 @@
 // The general shapes of stage 08 carry over: causal masking aligned bottom-right (tiles past the
 // diagonal skipped, masks only where a tile crosses it), grouped-query heads (a query head reads
 // its group's K/V head: a TMA coordinate), Nq != Nk, any N >= 1, and the log-sum-exp. Head dims
-// 1 .. 256 in three buckets (64, 128, 256); a head dim that is not a multiple of 8 cannot be
-// described to TMA (a row's byte stride must be a multiple of 16), so those inputs are first copied
-// into a padded workspace (README, "Causal masking, partial tiles, head dims, general shapes").
+// 1 .. 256 in the buckets of Tiling; a head dim that is not a multiple of 8 cannot be described to
+// TMA (a row's byte stride must be a multiple of 16), so those inputs are first copied into a
+// padded workspace (README, "Causal masking, partial tiles, head dims, general shapes").
 //
 // The device helpers this stage teaches live in fa/kernel/: tma.cuh (tensor maps and bulk tensor
 // copies), mbarrier.cuh (the barrier with a transaction count), wgmma.cuh (wgmma, its matrix
@@ -47,6 +47,7 @@
 #include "fa/causal.hpp"
 #include "fa/cuda_check.hpp"
 #include "fa/kernel/accumulator_softmax.cuh"
+#include "fa/kernel/forward_layout.cuh"
 #include "fa/kernel/launch_order.cuh"
 #include "fa/kernel/tma_forward.cuh"
 #include "fa/kernel/tma_ring.cuh"
@@ -81,8 +82,6 @@ using kernel::kSwizzleBytes;
 using kernel::kWarpgroupThreads;
 using kernel::kWarpSize;
 
-constexpr int kSharedBytesPerBlock = 227 * 1024;  // H100/H200: the opt-in limit of one block
-
 // Everything that sizes the kernel of one head-dim bucket (64, 128 or 256). Change a constant and
 // the rest follows; the static_asserts say when a choice cannot work.
 template <int kDim>
@@ -106,21 +105,10 @@ struct Tiling {
 
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   static constexpr int kQueryRows = kConsumers * kMmaRows;  // Br
-  static constexpr int kPanels = kDim / kPanelColumns;      // 64-column panels of a tile
-  static constexpr int kQueryPanelBytes = kQueryRows * kPanelRowBytes;
-  static constexpr int kKvPanelBytes = kKeys * kPanelRowBytes;
-  static constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
-  static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
-  // One Q tile, in which O is staged too (stage 10 has two where they fit: README, "Persistent blocks").
-  static constexpr int kQueryBuffers = 1;
-  // The barriers: Q has landed, Q is free again; per ring slot, K has landed, V has landed, K is
-  // free again, V is free again. Beside them the index of the piece the Q tile holds.
-  static constexpr int kBarriers = 2 + 4 * kStages;
-  static constexpr int kPieceSlotBytes = 8;
-  // A Q tile, the ring (kStages x (K tile, V tile)), the barriers, and room to align the start to
-  // 1024 bytes (the 128-byte swizzle's period; dynamic shared memory only promises 16).
-  static constexpr int kSharedBytes =
-      kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes + kBarriers * 8 + kPieceSlotBytes;
+  // The shared memory (kernel/forward_layout.cuh): one Q tile, in which O is staged too (stage 10
+  // has an O tile and a second Q tile where they fit: README, "Persistent blocks"), then the ring of
+  // kStages x (K tile, V tile), the barriers and the piece slot.
+  using Layout = kernel::ForwardLayout<kDim, kQueryRows, kKeys, kStages, false>;
 
   static constexpr int kRegistersAtLaunch = 65536 / kThreads / 8 * 8;
   static_assert(kDim % kPanelColumns == 0, "a tile is whole 64-column panels");
@@ -129,7 +117,6 @@ struct Tiling {
   static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRegisters) <=
                     kThreads * kRegistersAtLaunch,
                 "setmaxnreg can only move registers the block was launched with");
-  static_assert(kSharedBytes <= kSharedBytesPerBlock, "the tiles do not fit in one block's shared memory");
 };
 
 // A block computes pieces blockIdx.x, blockIdx.x + gridDim.x, ... (`pieces` in all): the launch
@@ -149,27 +136,28 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
                            bool store_by_copy_engine, float scale_log2) {
 #if FA_SM90A_DEVICE_CODE
   using T = Tiling<kDim>;
+  using Layout = typename T::Layout;
   using namespace kernel;
   constexpr int kKeySteps = T::kKeys / kMmaDepth;  // 16-key steps of P·V
 
-  // Shared memory, aligned to the swizzle's 1024-byte period: the Q tile (kPanels panels of Br
-  // rows x 128 bytes each), then ring slot s = (K tile, V tile), each kPanels panels of Bc rows x 128
-  // bytes, then the barriers and the piece slot.
+  // Shared memory (kernel/forward_layout.cuh): the Q tiles, the O tile (the Q tile where there is
+  // none), the ring, the barriers and the piece slots.
   extern __shared__ unsigned char shared_memory[];
   unsigned char* shared =
       shared_memory + ((kSwizzleBytes - shared_address(shared_memory) % kSwizzleBytes) % kSwizzleBytes);
-  unsigned char* query_tile = shared;
-  unsigned char* ring = shared + T::kQueryTileBytes;
-  uint64_t* barriers = reinterpret_cast<uint64_t*>(ring + T::kStages * 2 * T::kKvTileBytes);
-  uint64_t* query_full = barriers;                                     // [kQueryBuffers]
-  uint64_t* query_free = barriers + 1;                                 // [kQueryBuffers]
-  uint64_t* key_full = barriers + 2;                                   // [kStages]
-  uint64_t* value_full = barriers + 2 + T::kStages;                    // [kStages]
-  uint64_t* key_free = barriers + 2 + 2 * T::kStages;                  // [kStages]
-  uint64_t* value_free = barriers + 2 + 3 * T::kStages;                // [kStages]
-  int* piece_slots = reinterpret_cast<int*>(barriers + T::kBarriers);  // [kQueryBuffers]
-  const auto key_slot = [&](int slot) { return ring + 2 * slot * T::kKvTileBytes; };
-  const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * T::kKvTileBytes; };
+  unsigned char* query_buffers = shared;
+  unsigned char* out_tile = shared + Layout::kOutTileOffset;
+  unsigned char* ring = shared + Layout::kRingOffset;
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(shared + Layout::kBarrierOffset);
+  uint64_t* query_full = barriers;                                               // [kQueryBuffers]
+  uint64_t* query_free = barriers + Layout::kQueryBuffers;                       // [kQueryBuffers]
+  uint64_t* key_full = barriers + 2 * Layout::kQueryBuffers;                     // [kStages]
+  uint64_t* value_full = barriers + 2 * Layout::kQueryBuffers + T::kStages;      // [kStages]
+  uint64_t* key_free = barriers + 2 * Layout::kQueryBuffers + 2 * T::kStages;    // [kStages]
+  uint64_t* value_free = barriers + 2 * Layout::kQueryBuffers + 3 * T::kStages;  // [kStages]
+  int* piece_slots = reinterpret_cast<int*>(barriers + Layout::kBarriers);       // [kQueryBuffers]
+  const auto key_slot = [&](int slot) { return ring + 2 * slot * Layout::kKvTileBytes; };
+  const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * Layout::kKvTileBytes; };
 
   // The pieces (kernel/tma_forward.cuh).
   const auto piece_at = [&](int64_t index) {
@@ -181,7 +169,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   // also announces the bytes to come); "free" expects one arrival from each consumer warp.
   constexpr int kConsumerWarps = T::kConsumers * kWarpgroupThreads / kWarpSize;
   if (threadIdx.x == 0) {
-    for (int buffer = 0; buffer < T::kQueryBuffers; ++buffer) {
+    for (int buffer = 0; buffer < Layout::kQueryBuffers; ++buffer) {
       barrier_init(&query_full[buffer], 1);
       barrier_init(&query_free[buffer], kConsumerWarps);
     }
@@ -207,9 +195,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       prefetch_tensor_map(&query_map);
       prefetch_tensor_map(&key_map);
       prefetch_tensor_map(&value_map);
-      produce_pieces<T::kStages, T::kKeys, T::kPanels, T::kQueryPanelBytes, T::kKvPanelBytes, T::kQueryBuffers>(
-          piece_at, pieces, query_tile, ring, &query_map, &key_map, &value_map, query_full, query_free, key_full,
-          value_full, key_free, value_free, nullptr, piece_slots);
+      produce_pieces<T::kStages, T::kKeys, Layout::kPanels, Layout::kQueryPanelBytes, Layout::kKvPanelBytes,
+                     Layout::kQueryBuffers>(piece_at, pieces, query_buffers, ring, &query_map, &key_map, &value_map,
+                                            query_full, query_free, key_full, value_full, key_free, value_free, nullptr,
+                                            piece_slots);
     }
   } else {
     // ---- The consumers -----------------------------------------------------------------------
@@ -231,7 +220,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // head dim, the N of P·V): a 16-key step is 16 rows further, and the leading byte offset is the
     // step from one 64-column panel to the next.
     const uint64_t query_descriptor =
-        k_major_descriptor(shared_address(query_tile) + consumer * kMmaRows * kPanelRowBytes);
+        k_major_descriptor(shared_address(query_buffers) + consumer * kMmaRows * kPanelRowBytes);
 
     // O for the warpgroup's 64 rows in FP32 accumulators (D/2 registers a thread), normalized only
     // at the end. Per thread and row (top: `group`, bottom: `group + 8`) the running max m in log2
@@ -248,8 +237,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // Q from the tile of the block's piece n, n % kQueryBuffers.
     const auto issue_scores_of = [&](int r, int n) {
       wait_slot_full<T::kStages>(key_full, r);
-      issue_scores<Element, kDim, T::kKeys, T::kQueryPanelBytes, T::kKvPanelBytes>(
-          scores, advance_descriptor(query_descriptor, n % T::kQueryBuffers * T::kQueryTileBytes),
+      issue_scores<Element, kDim, T::kKeys, Layout::kQueryPanelBytes, Layout::kKvPanelBytes>(
+          scores, advance_descriptor(query_descriptor, n % Layout::kQueryBuffers * Layout::kQueryTileBytes),
           k_major_descriptor(shared_address(key_slot(r % T::kStages))));
     };
     const auto release = [&](uint64_t* free_barrier) { release_to_producer(free_barrier, lane); };
@@ -276,7 +265,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
                                row_max, row_sum, rescale, scale_log2);
       };
 
-      barrier_wait(&query_full[round % T::kQueryBuffers], (round / T::kQueryBuffers) & 1);
+      barrier_wait(&query_full[round % Layout::kQueryBuffers], (round / Layout::kQueryBuffers) & 1);
 
       // A tile at a time: S = Q·Kᵀ, issued asynchronously and waited for (then K's slot is free);
       // its softmax; O rescaled by the new max; once V has landed, O += P·V, waited for (then V's
@@ -311,7 +300,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         // a 16-key step starts 16 rows (2048 bytes) further; the leading byte offset steps from one
         // 64-dim panel of V to the next.
         const uint64_t value_descriptor =
-            matrix_descriptor(shared_address(value_slot(r % T::kStages)), T::kKvPanelBytes, kSwizzleBytes);
+            matrix_descriptor(shared_address(value_slot(r % T::kStages)), Layout::kKvPanelBytes, kSwizzleBytes);
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < kKeySteps; ++j) {
@@ -327,10 +316,11 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       ring_tile += tiles;
 
       // ---- The epilogue ----------------------------------------------------------------------
-      // O / l staged in this warpgroup's own 64 rows of the Q tile (no longer read by anyone: its
-      // last wgmma has completed), then written out (kernel/tma_forward.cuh).
-      write_piece_output<Element, kDim, T::kPanels, T::kQueryPanelBytes, true>(
-          out, row_max, row_sum, query_tile, consumer, thread, warp, lane, group, quad, consumer_first_row, q_seq, dim,
+      // O / l staged in this warpgroup's own 64 rows of the O tile, or of the Q tile where there is
+      // none (no longer read by anyone: its last wgmma has completed), then written out
+      // (kernel/tma_forward.cuh).
+      write_piece_output<Element, kDim, Layout::kPanels, Layout::kQueryPanelBytes, !Layout::kOutTile>(
+          out, row_max, row_sum, out_tile, consumer, thread, warp, lane, group, quad, consumer_first_row, q_seq, dim,
           lse, piece.query_head, &out_map, o, store_by_copy_engine, query_free);
     }
     // The block's shared memory must outlive the copy engine's reads of the last staged O.
@@ -348,14 +338,14 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
   kernel::AttentionMaps maps;
   FA_STATUS_TRY(kernel::encode_attention_maps<Element>(args, inputs, T::kQueryRows, T::kKeys, &maps));
   const auto kernel = &wgmma_attention_kernel<Element, kDim>;
-  FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
+  FA_STATUS_TRY(opt_in_shared_memory(kernel, T::Layout::kBytes));
   const int64_t query_tiles = (problem.q_seq + T::kQueryRows - 1) / T::kQueryRows;
   const int64_t pieces = query_tiles * problem.q_heads_total();
   FA_STATUS_TRY(check_grid(pieces));
   const float scale_log2 = softmax_scale(problem) * kernel::kLog2e;
   // Every count below fits an int: the runner has checked the problem against validate_problem's
   // limits (B·Hq <= 2^20, N <= 2^24) and the pieces against 2^31 - 1. One block per piece.
-  kernel<<<static_cast<unsigned>(pieces), T::kThreads, T::kSharedBytes, args.stream>>>(
+  kernel<<<static_cast<unsigned>(pieces), T::kThreads, T::Layout::kBytes, args.stream>>>(
       maps.query, maps.key, maps.value, maps.out, static_cast<Element*>(args.o), args.lse,
       static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim),
       static_cast<int>(query_tiles), static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads),

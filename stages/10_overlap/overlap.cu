@@ -16,6 +16,13 @@
 // D = 128 (the next piece's Q lands while this one is computed), and the last round's pieces may be
 // split by their key tiles (split_pieces.cuh; README, "Persistent blocks" and "The last round"). One
 // head-dim bucket more than stage 09: D = 192, which stage 09 pads to 256.
+//
+// The general shapes of stage 08 carry over: causal masking aligned bottom-right (tiles past the
+// diagonal skipped, masks only where a tile crosses it), grouped-query heads (a query head reads
+// its group's K/V head: a TMA coordinate), Nq != Nk, any N >= 1, and the log-sum-exp. Head dims
+// 1 .. 256 in the buckets of Tiling; a head dim that is not a multiple of 8 cannot be described to
+// TMA (a row's byte stride must be a multiple of 16), so those inputs are first copied into a
+// padded workspace (README, "Causal masking, partial tiles, head dims, general shapes").
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -29,8 +36,8 @@
 
 #include "fa/causal.hpp"
 #include "fa/cuda_check.hpp"
-#include "fa/device.hpp"
 #include "fa/kernel/accumulator_softmax.cuh"
+#include "fa/kernel/forward_layout.cuh"
 #include "fa/kernel/launch_order.cuh"
 #include "fa/kernel/tma_forward.cuh"
 #include "fa/kernel/tma_ring.cuh"
@@ -42,7 +49,7 @@
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
-#include "last_round.hpp"
+#include "piece_order.cuh"
 #include "split_pieces.cuh"
 
 // wgmma and setmaxnreg exist only in the sm_90a target (the 'a' is for "architecture-specific":
@@ -58,11 +65,6 @@
 namespace fa::stages {
 namespace {
 
-using overlap::kMaxParts;
-using overlap::kMaxSplitPieces;
-using overlap::LastRound;
-using overlap::plan_last_round;
-
 using kernel::kMmaColumns;
 using kernel::kMmaDepth;
 using kernel::kMmaRows;
@@ -72,7 +74,6 @@ using kernel::kSwizzleBytes;
 using kernel::kWarpgroupThreads;
 using kernel::kWarpSize;
 
-constexpr int kSharedBytesPerBlock = 227 * 1024;  // H100/H200: the opt-in limit of one block
 // Named barriers: 0 is __syncthreads, 1 + c the epilogue of consumer c, kTurnBarrier + c its turn.
 constexpr int kTurnBarrier = 4;
 
@@ -106,33 +107,15 @@ struct Tiling {
 
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   static constexpr int kQueryRows = kConsumers * kMmaRows;  // Br
-  static constexpr int kPanels = kDim / kPanelColumns;      // 64-column panels of a tile
-  static constexpr int kQueryPanelBytes = kQueryRows * kPanelRowBytes;
-  static constexpr int kKvPanelBytes = kKeys * kPanelRowBytes;
-  static constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
-  static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
-  // The barriers: per Q tile, Q has landed, Q is free again; per ring slot, K has landed, V has
-  // landed, K is free again, V is free again. Beside them, per Q tile the index of the piece it
-  // holds.
-  static constexpr int kBarriers = 2 * 2 + 4 * kStages;
-  static constexpr int kPieceSlotBytes = 8;
-  // A Q tile, the ring (kStages x (K tile, V tile)), the barriers, and room to align the start to
-  // 1024 bytes (the 128-byte swizzle's period; dynamic shared memory only promises 16).
-  static constexpr int kBaseBytes =
-      kSwizzleBytes + kQueryTileBytes + kStages * 2 * kKvTileBytes + kBarriers * 8 + kPieceSlotBytes;
-  // O is staged for its TMA store in a tile of its own where that fits (D = 64 and 128): then the Q
-  // tile is free once the piece's last S = Q·Kᵀ has completed. At D = 192 and 256 (192 KB already) O
-  // is staged in the Q tile, as in stage 09.
-  static constexpr bool kOutTile = kBaseBytes + kQueryTileBytes <= kSharedBytesPerBlock;
-  // A second Q tile where that fits too (D = 64 and 128): the next piece's Q lands while this piece
-  // is computed (README, "Persistent blocks").
-  static constexpr int kQueryBuffers = kOutTile && kBaseBytes + 2 * kQueryTileBytes <= kSharedBytesPerBlock ? 2 : 1;
-  static constexpr int kSharedBytes =
-      kBaseBytes + (kOutTile ? kQueryTileBytes : 0) + (kQueryBuffers - 1) * kQueryTileBytes;
+  // The shared memory (kernel/forward_layout.cuh): where they fit (D = 64 and 128), an O tile of its
+  // own, for O's TMA store (then the Q tile is free once the piece's last S = Q·Kᵀ has completed),
+  // and a second Q tile (the next piece's Q lands while this piece is computed: README, "Persistent
+  // blocks"). At D = 192 and 256 (192 KB already) one Q tile, in which O is staged, as in stage 09.
+  using Layout = kernel::ForwardLayout<kDim, kQueryRows, kKeys, kStages, true>;
   // The pieces of a launch's last, partial round (of persistent blocks at D = 64, of blocks one per
   // piece at D = 192 and 256) may be split by their key tiles into parts (README, "The last round").
   // At D = 128 a whole last round gained nothing.
-  static constexpr bool kSplitLastRound = kOverlap ? !kOutTile : kOutTile;
+  static constexpr bool kSplitLastRound = kOverlap ? !Layout::kOutTile : Layout::kOutTile;
 
   static constexpr int kRegistersAtLaunch = 65536 / kThreads / 8 * 8;
   static_assert(kDim % kPanelColumns == 0, "a tile is whole 64-column panels");
@@ -141,13 +124,10 @@ struct Tiling {
   static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRegisters) <=
                     kThreads * kRegistersAtLaunch,
                 "setmaxnreg can only move registers the block was launched with");
-  static_assert(kSharedBytes <= kSharedBytesPerBlock, "the tiles do not fit in one block's shared memory");
 };
 
-// A block computes pieces blockIdx.x, blockIdx.x + gridDim.x, ... (`pieces` in all): one block per
-// SM that loops over many, or one block per piece (launch says which); or, given `piece_counter`
-// (under the causal mask), blockIdx.x first and then whichever piece is next in the queue
-// (kernel/tma_forward.cuh, produce_pieces).
+// A block computes pieces blockIdx.x, blockIdx.x + gridDim.x, ... (`pieces` in all), or, given
+// `piece_counter`, those of the queue (piece_order.cuh; README, "Persistent blocks").
 // One piece: Br = 64 · kConsumers query rows of one (batch, query head). Threads 0-127 are the
 // producer warpgroup (thread 0 issues every copy, the rest have nothing to do), the next
 // 128 · kConsumers threads the consumer warpgroups, 64 rows each. The tensor maps describe Q and O
@@ -166,31 +146,30 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
                                 float scale_log2) {
 #if FA_SM90A_DEVICE_CODE
   using T = Tiling<kDim>;
+  using Layout = typename T::Layout;
   using namespace kernel;
   constexpr int kKeySteps = T::kKeys / kMmaDepth;  // 16-key steps of P·V
 
-  // Shared memory, aligned to the swizzle's 1024-byte period: the Q tiles (kPanels panels of Br
-  // rows x 128 bytes each), the O staging tile where it has one (else O is staged in the Q tile),
-  // then ring slot s = (K tile, V tile), each kPanels panels of Bc rows x 128 bytes, then the
-  // barriers and the piece slots.
+  // Shared memory (kernel/forward_layout.cuh): the Q tiles, the O tile (the Q tile where there is
+  // none), the ring, the barriers and the piece slots.
   extern __shared__ unsigned char shared_memory[];
   unsigned char* shared =
       shared_memory + ((kSwizzleBytes - shared_address(shared_memory) % kSwizzleBytes) % kSwizzleBytes);
   unsigned char* query_buffers = shared;
-  unsigned char* out_tile = T::kOutTile ? shared + T::kQueryBuffers * T::kQueryTileBytes : query_buffers;
-  unsigned char* ring = shared + (T::kQueryBuffers + (T::kOutTile ? 1 : 0)) * T::kQueryTileBytes;
-  uint64_t* barriers = reinterpret_cast<uint64_t*>(ring + T::kStages * 2 * T::kKvTileBytes);
-  uint64_t* query_full = barriers;                                     // [kQueryBuffers]
-  uint64_t* query_free = barriers + 2;                                 // [kQueryBuffers]
-  uint64_t* key_full = barriers + 4;                                   // [kStages]
-  uint64_t* value_full = barriers + 4 + T::kStages;                    // [kStages]
-  uint64_t* key_free = barriers + 4 + 2 * T::kStages;                  // [kStages]
-  uint64_t* value_free = barriers + 4 + 3 * T::kStages;                // [kStages]
-  int* piece_slots = reinterpret_cast<int*>(barriers + T::kBarriers);  // [kQueryBuffers]
+  unsigned char* out_tile = shared + Layout::kOutTileOffset;
+  unsigned char* ring = shared + Layout::kRingOffset;
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(shared + Layout::kBarrierOffset);
+  uint64_t* query_full = barriers;                                               // [kQueryBuffers]
+  uint64_t* query_free = barriers + Layout::kQueryBuffers;                       // [kQueryBuffers]
+  uint64_t* key_full = barriers + 2 * Layout::kQueryBuffers;                     // [kStages]
+  uint64_t* value_full = barriers + 2 * Layout::kQueryBuffers + T::kStages;      // [kStages]
+  uint64_t* key_free = barriers + 2 * Layout::kQueryBuffers + 2 * T::kStages;    // [kStages]
+  uint64_t* value_free = barriers + 2 * Layout::kQueryBuffers + 3 * T::kStages;  // [kStages]
+  int* piece_slots = reinterpret_cast<int*>(barriers + Layout::kBarriers);       // [kQueryBuffers]
   // The queue only where the blocks are persistent (launch); elsewhere the code for it is not built.
-  int* queue = T::kOutTile ? piece_counter : nullptr;
-  const auto key_slot = [&](int slot) { return ring + 2 * slot * T::kKvTileBytes; };
-  const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * T::kKvTileBytes; };
+  int* queue = Layout::kOutTile ? piece_counter : nullptr;
+  const auto key_slot = [&](int slot) { return ring + 2 * slot * Layout::kKvTileBytes; };
+  const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * Layout::kKvTileBytes; };
 
   // The pieces (kernel/tma_forward.cuh), and the parts of the last round's (split_pieces.cuh).
   const overlap::SplitPieces<T::kSplitLastRound, T::kConsumers> split{split_from, parts};
@@ -205,7 +184,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   // also announces the bytes to come); "free" expects one arrival from each consumer warp.
   constexpr int kConsumerWarps = T::kConsumers * kWarpgroupThreads / kWarpSize;
   if (threadIdx.x == 0) {
-    for (int buffer = 0; buffer < T::kQueryBuffers; ++buffer) {
+    for (int buffer = 0; buffer < Layout::kQueryBuffers; ++buffer) {
       barrier_init(&query_full[buffer], 1);
       barrier_init(&query_free[buffer], kConsumerWarps);
     }
@@ -223,15 +202,18 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   if (warpgroup == 0) {
     // ---- The producer ------------------------------------------------------------------------
     // It computes addresses and waits on barriers: 24 registers a thread are plenty. The registers
-    // it gives back let the consumers grow (to 240 a thread; 160 with three consumers).
+    // it gives back let the consumers grow (to 240 a thread; 160 with three consumers). It loads
+    // each piece's Q, then its K/V tiles into the ring, each slot once the consumers have freed it
+    // (kernel/tma_forward.cuh, README "The block").
     release_registers<T::kProducerRegisters>();
     if (threadIdx.x == 0) {
       prefetch_tensor_map(&query_map);
       prefetch_tensor_map(&key_map);
       prefetch_tensor_map(&value_map);
-      produce_pieces<T::kStages, T::kKeys, T::kPanels, T::kQueryPanelBytes, T::kKvPanelBytes, T::kQueryBuffers>(
-          piece_at, pieces, query_buffers, ring, &query_map, &key_map, &value_map, query_full, query_free, key_full,
-          value_full, key_free, value_free, queue, piece_slots);
+      produce_pieces<T::kStages, T::kKeys, Layout::kPanels, Layout::kQueryPanelBytes, Layout::kKvPanelBytes,
+                     Layout::kQueryBuffers>(piece_at, pieces, query_buffers, ring, &query_map, &key_map, &value_map,
+                                            query_full, query_free, key_full, value_full, key_free, value_free, queue,
+                                            piece_slots);
     }
   } else {
     // ---- The consumers -----------------------------------------------------------------------
@@ -274,15 +256,15 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // Q from the tile of the block's piece n, n % kQueryBuffers.
     const auto issue_scores_of = [&](int r, int n) {
       wait_slot_full<T::kStages>(key_full, r);
-      issue_scores<Element, kDim, T::kKeys, T::kQueryPanelBytes, T::kKvPanelBytes>(
-          scores, advance_descriptor(query_descriptor, n % T::kQueryBuffers * T::kQueryTileBytes),
+      issue_scores<Element, kDim, T::kKeys, Layout::kQueryPanelBytes, Layout::kKvPanelBytes>(
+          scores, advance_descriptor(query_descriptor, n % Layout::kQueryBuffers * Layout::kQueryTileBytes),
           k_major_descriptor(shared_address(key_slot(r % T::kStages))));
     };
     // O += P·V of ring tile r, P in registers as the A operand, V through its matrix descriptor.
     const auto issue_values_of = [&](int r) {
       wait_slot_full<T::kStages>(value_full, r);
-      issue_values<Element, kDim>(out, probs,
-                                  mn_major_descriptor<T::kKvPanelBytes>(shared_address(value_slot(r % T::kStages))));
+      issue_values<Element, kDim>(
+          out, probs, mn_major_descriptor<Layout::kKvPanelBytes>(shared_address(value_slot(r % T::kStages))));
     };
     const auto release = [&](uint64_t* free_barrier) { release_to_producer(free_barrier, lane); };
 
@@ -314,13 +296,16 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         return causal ? min(kv_seq, warp_first_row + group + 8 * half + diagonal) : kv_seq;
       };
       start_rows<kDim>(out, row_max, row_sum, warp_first_row, group, q_seq, kv_seq, causal);
-      // The online softmax of stage 09 on S of the piece's tile `tile`.
+      // The online softmax on the accumulators, as in stage 08, on S of the piece's tile `tile`:
+      // scores[4j + e] is key 8j + 2·quad + e % 2 of the tile, of the top row (e < 2) or the bottom
+      // row (e >= 2); the mask only where the tile reaches past the keys every row sees
+      // (kernel/tma_forward.cuh).
       const auto softmax = [&](int tile, float(&rescale)[2]) {
         softmax_step<T::kKeys>(scores, (piece.first_tile + tile) * T::kKeys, piece.unmasked_keys, quad, key_limit,
                                row_max, row_sum, rescale, scale_log2);
       };
 
-      barrier_wait(&query_full[round % T::kQueryBuffers], (round / T::kQueryBuffers) & 1);
+      barrier_wait(&query_full[round % Layout::kQueryBuffers], (round / Layout::kQueryBuffers) & 1);
 
       // The schedule (README, "Overlap inside a warpgroup"). Stage 09 waited for O += P·V of a tile
       // before it started the next tile's S = Q·Kᵀ. Here round t (issue_round) issues S of tile t,
@@ -409,7 +394,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       }
       // Every S = Q·Kᵀ of the piece has completed. With an O tile of its own the Q tile is free
       // now: the producer loads the next piece's Q while this one's last P·V and epilogue run.
-      if (T::kOutTile) release(&query_free[round % T::kQueryBuffers]);
+      if (Layout::kOutTile) release(&query_free[round % Layout::kQueryBuffers]);
       if (tiles > 0) {
         take_turn();
 #pragma unroll
@@ -423,25 +408,16 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       ring_tile += tiles;
 
       // ---- The epilogue ----------------------------------------------------------------------
-      // A part of a split piece leaves its state in the workspace; the last of the piece's parts to
-      // arrive merges them all and writes the rows (README, "The last round"). The others pass
-      // through the epilogue with their first row at Nq, where nothing is written: a branch around
-      // it would move the loop's matrix descriptors out of uniform registers (ptxas 13.0).
+      // The parts of a split piece merge (split_pieces.cuh); only the last to arrive writes the rows.
       const bool writes = split.merge(index, out, row_max, row_sum, part_states, part_arrivals, consumer, thread);
-      // O / l staged in this warpgroup's own 64 rows of the O tile (or of the Q tile, no longer read
-      // by anyone: its last wgmma has completed), then written out (kernel/tma_forward.cuh).
-      write_piece_output<Element, kDim, T::kPanels, T::kQueryPanelBytes, !T::kOutTile>(
+      // O / l staged in this warpgroup's own 64 rows of the O tile, or of the Q tile where there is
+      // none (no longer read by anyone: its last wgmma has completed), then written out
+      // (kernel/tma_forward.cuh).
+      write_piece_output<Element, kDim, Layout::kPanels, Layout::kQueryPanelBytes, !Layout::kOutTile>(
           out, row_max, row_sum, out_tile, consumer, thread, warp, lane, group, quad,
           writes ? consumer_first_row : q_seq, q_seq, dim, lse, piece.query_head, &out_map, o, store_by_copy_engine,
           query_free);
-      // The next piece: the next in turn, or the queue's, whose index the producer wrote beside its Q
-      // (`pieces` when there is none).
-      if (queue == nullptr) {
-        index += gridDim.x;
-      } else {
-        barrier_wait(&query_full[(round + 1) % T::kQueryBuffers], ((round + 1) / T::kQueryBuffers) & 1);
-        index = atomicAdd(&piece_slots[(round + 1) % T::kQueryBuffers], 0);
-      }
+      index = overlap::next_piece<Layout::kQueryBuffers>(index, round, queue, query_full, piece_slots);
     }
     if (consumer == 0) take_turn();
     // The block's shared memory must outlive the copy engine's reads of the last staged O.
@@ -452,37 +428,12 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 #endif
 }
 
-// The workspace: stage 09's padded copies of Q, K and V where D is not a multiple of 8, then, 16-byte
-// aligned, under the causal mask the queue's counter; without it, where pieces may be split (D <= 64
-// or > 128, more than one K/V tile), a counter of arrivals per split piece and consumer, then their
-// states.
-int64_t queue_offset(const Problem& problem) {
-  return (kernel::tma_workspace_bytes(problem, Pass::forward) + 15) / 16 * 16;
-}
-
-struct SplitSpace {
-  int64_t arrivals;       // ints
-  int64_t states_offset;  // bytes from the workspace's start
-  int64_t state_floats;
-  int64_t bytes() const { return states_offset + state_floats * 4; }
-};
-
-template <int kDim>
-SplitSpace split_space(const Problem& problem) {
-  using T = Tiling<kDim>;
-  const int64_t pieces = (problem.q_seq + T::kQueryRows - 1) / T::kQueryRows * problem.q_heads_total();
-  const int64_t split_pieces = T::kSplitLastRound && problem.kv_seq > T::kKeys ? std::min(pieces, kMaxSplitPieces) : 0;
-  const int64_t arrivals = split_pieces * T::kConsumers;
-  return {arrivals, queue_offset(problem) + (arrivals * 4 + 15) / 16 * 16,
-          arrivals * kMaxParts * kernel::kPartStateFloats<kDim> * kWarpgroupThreads};
-}
-
+// The workspace of the order of pieces (piece_order.cuh).
 int64_t workspace_bytes(const Problem& problem, Pass pass) {
-  if (problem.causal) return queue_offset(problem) + 16;
-  const int64_t bytes = kernel::tma_workspace_bytes(problem, pass);
-  if (problem.dim <= 64) return std::max(bytes, split_space<64>(problem).bytes());
-  if (problem.dim <= 128) return bytes;
-  return std::max(bytes, problem.dim <= 192 ? split_space<192>(problem).bytes() : split_space<256>(problem).bytes());
+  if (problem.dim <= 64) return overlap::workspace_bytes<64, Tiling<64>>(problem, pass);
+  if (problem.dim <= 128) return overlap::workspace_bytes<128, Tiling<128>>(problem, pass);
+  if (problem.dim <= 192) return overlap::workspace_bytes<192, Tiling<192>>(problem, pass);
+  return overlap::workspace_bytes<256, Tiling<256>>(problem, pass);
 }
 
 template <typename Element, int kDim>
@@ -492,64 +443,31 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
   kernel::AttentionMaps maps;
   FA_STATUS_TRY(kernel::encode_attention_maps<Element>(args, inputs, T::kQueryRows, T::kKeys, &maps));
   const auto kernel = &overlapped_attention_kernel<Element, kDim>;
-  FA_STATUS_TRY(opt_in_shared_memory(kernel, T::kSharedBytes));
+  FA_STATUS_TRY(opt_in_shared_memory(kernel, T::Layout::kBytes));
   const int64_t query_tiles = (problem.q_seq + T::kQueryRows - 1) / T::kQueryRows;
   const int64_t pieces = query_tiles * problem.q_heads_total();
   FA_STATUS_TRY(check_grid(pieces));
-  // Persistent blocks, one per SM (a block takes an SM's shared memory), each looping over pieces,
-  // where O has a tile of its own. Under the causal mask the pieces differ in weight, and a fixed
-  // round-robin balances them worse than the hardware starting one block per piece on whichever SM
-  // frees first (README, "Persistent blocks"): there the blocks take their pieces from a queue, a
-  // counter in the workspace zeroed here (without a workspace, one block per piece). At D = 192 and
-  // 256 the next Q has to wait for the epilogue anyway: one block per piece, and each loops once.
-  int* piece_counter = nullptr;
-  if (T::kOutTile && problem.causal && args.workspace != nullptr) {
-    piece_counter = reinterpret_cast<int*>(static_cast<unsigned char*>(args.workspace) + queue_offset(problem));
-    FA_CUDA_TRY(cudaMemsetAsync(piece_counter, 0, sizeof(int), args.stream));
-  }
-  const bool persistent = T::kOutTile && (!problem.causal || piece_counter != nullptr);
-  LastRound last_round{pieces, 1};
-  const SplitSpace split = split_space<kDim>(problem);
-  float* part_states = nullptr;
-  int* part_arrivals = nullptr;
-  int multiprocessors = 0;
-  if (persistent || T::kSplitLastRound) {
-    int device = 0;
-    FA_CUDA_TRY(cudaGetDevice(&device));
-    FA_STATUS_TRY(multiprocessor_count(device, &multiprocessors));
-  }
-  // Without the mask the pieces are alike: the last round's may be split (README, "The last round").
-  // Blocks one per piece run in rounds too: as many at once as there are SMs.
-  if (!problem.causal && split.arrivals > 0 && args.workspace != nullptr) {
-    const int64_t tiles = (problem.kv_seq + T::kKeys - 1) / T::kKeys;
-    last_round = plan_last_round(pieces, tiles, multiprocessors);
-  }
-  if (last_round.parts > 1) {
-    unsigned char* workspace = static_cast<unsigned char*>(args.workspace);
-    part_arrivals = reinterpret_cast<int*>(workspace + queue_offset(problem));
-    part_states = reinterpret_cast<float*>(workspace + split.states_offset);
-    const int64_t arrivals = (pieces - last_round.split_from) * T::kConsumers;
-    FA_CUDA_TRY(cudaMemsetAsync(part_arrivals, 0, static_cast<std::size_t>(arrivals) * 4, args.stream));
-  }
-  const int64_t blocks =
-      persistent ? std::min<int64_t>(last_round.units(pieces), multiprocessors) : last_round.units(pieces);
-  FA_STATUS_TRY(check_grid(last_round.units(pieces)));
+  // The blocks are persistent, or one per piece, and the last round may be split (piece_order.cuh).
+  overlap::PieceOrder order;
+  int64_t units = 0;
+  int64_t blocks = 0;
+  FA_STATUS_TRY((overlap::plan_pieces<kDim, T>(args, pieces, &order, &units, &blocks)));
   const float scale_log2 = softmax_scale(problem) * kernel::kLog2e;
   // Every count below fits an int: the runner has checked the problem against validate_problem's
   // limits (B·Hq <= 2^20, N <= 2^24) and the pieces against 2^31 - 1.
-  kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::kSharedBytes, args.stream>>>(
+  kernel<<<static_cast<unsigned>(blocks), T::kThreads, T::Layout::kBytes, args.stream>>>(
       maps.query, maps.key, maps.value, maps.out, static_cast<Element*>(args.o), args.lse,
       static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim),
       static_cast<int>(query_tiles), static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads),
-      static_cast<int>(problem.q_heads_total()), static_cast<int>(last_round.units(pieces)), piece_counter,
-      static_cast<int>(last_round.split_from), last_round.parts, part_states, part_arrivals, problem.causal,
-      inputs.store_by_copy_engine, scale_log2);
+      static_cast<int>(problem.q_heads_total()), static_cast<int>(units), order.queue, order.split_from, order.parts,
+      order.part_states, order.part_arrivals, problem.causal, inputs.store_by_copy_engine, scale_log2);
   FA_LAUNCH_TRY();
   return Status();
 }
 
 // The runner has checked the problem (sizes, head dim, features) and the GPU (exactly sm_90)
-// against the descriptor before this runs.
+// against the descriptor before this runs. Q, K and V are padded first where D is not a multiple of
+// 8 (kernel/tma_stage.cuh).
 template <typename Element>
 Status forward(const ForwardArgs& args) {
   kernel::TmaInputs inputs;

@@ -1,5 +1,5 @@
 // Stage 10's last round on the device (README, "The last round"): the parts a split piece is computed
-// in and their merge. The host's plan of the parts is last_round.hpp's; overlap.cu's launch sizes the
+// in and their merge. The host's plan of the parts is last_round.hpp's; piece_order.cuh sizes the
 // grid.
 #pragma once
 
@@ -35,7 +35,9 @@ struct SplitPieces {
 
   // A consumer warpgroup's epilogue of the piece or part at `index`: a part leaves its state in the
   // workspace (`states`, `arrivals`: kernel::merge_parts), and the last of its piece's parts to arrive
-  // merges them all. Whether this warpgroup writes the rows.
+  // merges them all. Whether this warpgroup writes the rows: the others pass through the epilogue
+  // with their first row at Nq, where nothing is written (a branch around it would move the loop's
+  // matrix descriptors out of uniform registers: ptxas 13.0).
   template <int kOutFloats>
   __device__ __forceinline__ bool merge(int64_t index, float (&out)[kOutFloats], float (&row_max)[2],
                                         float (&row_sum)[2], float* states, int* arrivals, int consumer,

@@ -1,0 +1,47 @@
+// The shared memory of a warp-specialized TMA forward block (taught in stage 09's README, "The
+// block"; stage 10's "Persistent blocks" adds an O tile and a second Q tile): the Q tiles (kPanels
+// panels of Br rows x 128 bytes each), the O staging tile where the block has one (else O is staged
+// in the Q tile), then ring slot s = (K tile, V tile), each kPanels panels of Bc rows x 128 bytes,
+// then the barriers and the piece slots, from an offset that aligns the start to 1024 bytes (the
+// 128-byte swizzle's period; dynamic shared memory only promises 16). Stages 09 and 10 size their
+// blocks with it. sm_90a only (wgmma_walk.cuh).
+#pragma once
+
+#include "fa/kernel/wgmma_walk.cuh"
+
+namespace fa::kernel {
+
+constexpr int kSharedBytesPerBlock = 227 * 1024;  // H100/H200: the opt-in limit of one block
+
+// Br = kQueryRows, Bc = kKeys, kStages ring slots. kSpareTiles: an O tile of its own where it fits,
+// and then a second Q tile where that fits too (stage 10); without them one Q tile, in which O is
+// staged too (stage 09).
+template <int kDim, int kQueryRows, int kKeys, int kStages, bool kSpareTiles>
+struct ForwardLayout {
+  static constexpr int kPanels = kDim / kPanelColumns;  // 64-column panels of a tile
+  static constexpr int kQueryPanelBytes = kQueryRows * kPanelRowBytes;
+  static constexpr int kKvPanelBytes = kKeys * kPanelRowBytes;
+  static constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
+  static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
+  static constexpr int kRingBytes = kStages * 2 * kKvTileBytes;
+  // Per Q tile two barriers (Q has landed, Q is free again) and the index of the piece it holds
+  // (an int: 8 bytes hold both tiles'); per ring slot four (K has landed, V has landed, K is free
+  // again, V is free again).
+  static constexpr int kFixedBytes = kSwizzleBytes + kRingBytes + 4 * kStages * 8 + 8;
+  static constexpr int kQueryBufferBytes = kQueryTileBytes + 2 * 8;
+
+  static constexpr bool kOutTile =
+      kSpareTiles && kFixedBytes + kQueryBufferBytes + kQueryTileBytes <= kSharedBytesPerBlock;
+  static constexpr int kQueryBuffers =
+      kOutTile && kFixedBytes + 2 * kQueryBufferBytes + kQueryTileBytes <= kSharedBytesPerBlock ? 2 : 1;
+  static constexpr int kBarriers = 2 * kQueryBuffers + 4 * kStages;
+  static constexpr int kBytes = kFixedBytes + kQueryBuffers * kQueryBufferBytes + (kOutTile ? kQueryTileBytes : 0);
+
+  // From the aligned start: the O tile, the ring, the barriers.
+  static constexpr int kOutTileOffset = kOutTile ? kQueryBuffers * kQueryTileBytes : 0;
+  static constexpr int kRingOffset = (kQueryBuffers + (kOutTile ? 1 : 0)) * kQueryTileBytes;
+  static constexpr int kBarrierOffset = kRingOffset + kRingBytes;
+  static_assert(kBytes <= kSharedBytesPerBlock, "the tiles do not fit in one block's shared memory");
+};
+
+}  // namespace fa::kernel
