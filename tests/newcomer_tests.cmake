@@ -281,8 +281,18 @@ set_tests_properties("common: scripts/stage_diff --help prints its usage" PROPER
   PASS_REGULAR_EXPRESSION "usage: scripts/stage_diff")
 add_test(NAME "common: scripts/stage_diff names the stages when one does not exist"
          COMMAND ${fa_newcomer_refusal} 2 "no stage 77.*01_cpu" ${PROJECT_SOURCE_DIR}/scripts/stage_diff 77)
+add_test(NAME "common: scripts/stage_diff asks for the file of a stage outside the registry"
+         COMMAND ${fa_newcomer_refusal} 2 "14_fp8 is not a stage of the registry.*as in 14/fp8_attention.cu"
+                 ${PROJECT_SOURCE_DIR}/scripts/stage_diff 10 14)
+add_test(NAME "common: scripts/stage_diff refuses a file the stage does not have"
+         COMMAND ${fa_newcomer_refusal} 2 "14_fp8 has no file overlap.cu"
+                 ${PROJECT_SOURCE_DIR}/scripts/stage_diff 10 14/overlap.cu)
 find_program(FA_GIT git)
 if(FA_GIT)
+  add_test(NAME "common: scripts/stage_diff 10 14/fp8_attention.cu diffs the file it names"
+           COMMAND ${PROJECT_SOURCE_DIR}/scripts/stage_diff 10 14/fp8_attention.cu)
+  set_tests_properties("common: scripts/stage_diff 10 14/fp8_attention.cu diffs the file it names" PROPERTIES
+    PASS_REGULAR_EXPRESSION "stages/10_overlap/overlap.cu.*stages/14_fp8/fp8_attention.cu")
   add_test(NAME "common: scripts/stage_diff 3 4 shows what stage 04 changed"
            COMMAND ${PROJECT_SOURCE_DIR}/scripts/stage_diff 3 4)
   set_tests_properties("common: scripts/stage_diff 3 4 shows what stage 04 changed" PROPERTIES
