@@ -149,13 +149,13 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   unsigned char* out_tile = shared + Layout::kOutTileOffset;
   unsigned char* ring = shared + Layout::kRingOffset;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(shared + Layout::kBarrierOffset);
-  uint64_t* query_full = barriers;                                               // [kQueryBuffers]
-  uint64_t* query_free = barriers + Layout::kQueryBuffers;                       // [kQueryBuffers]
-  uint64_t* key_full = barriers + 2 * Layout::kQueryBuffers;                     // [kStages]
-  uint64_t* value_full = barriers + 2 * Layout::kQueryBuffers + T::kStages;      // [kStages]
-  uint64_t* key_free = barriers + 2 * Layout::kQueryBuffers + 2 * T::kStages;    // [kStages]
-  uint64_t* value_free = barriers + 2 * Layout::kQueryBuffers + 3 * T::kStages;  // [kStages]
-  int* piece_slots = reinterpret_cast<int*>(barriers + Layout::kBarriers);       // [kQueryBuffers]
+  uint64_t* query_full = barriers;                                             // [kQueryBuffers]
+  uint64_t* query_free = barriers + Layout::kQuerySlots;                       // [kQueryBuffers]
+  uint64_t* key_full = barriers + 2 * Layout::kQuerySlots;                     // [kStages]
+  uint64_t* value_full = barriers + 2 * Layout::kQuerySlots + T::kStages;      // [kStages]
+  uint64_t* key_free = barriers + 2 * Layout::kQuerySlots + 2 * T::kStages;    // [kStages]
+  uint64_t* value_free = barriers + 2 * Layout::kQuerySlots + 3 * T::kStages;  // [kStages]
+  int* piece_slots = reinterpret_cast<int*>(barriers + Layout::kBarriers);     // [kQueryBuffers]
   const auto key_slot = [&](int slot) { return ring + 2 * slot * Layout::kKvTileBytes; };
   const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * Layout::kKvTileBytes; };
 

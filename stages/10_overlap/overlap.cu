@@ -36,6 +36,7 @@
 
 #include "fa/causal.hpp"
 #include "fa/cuda_check.hpp"
+#include "fa/device.hpp"
 #include "fa/kernel/accumulator_softmax.cuh"
 #include "fa/kernel/forward_layout.cuh"
 #include "fa/kernel/launch_order.cuh"
@@ -49,7 +50,7 @@
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
-#include "piece_order.cuh"
+#include "last_round.hpp"
 #include "split_pieces.cuh"
 
 // wgmma and setmaxnreg exist only in the sm_90a target (the 'a' is for "architecture-specific":
@@ -64,6 +65,11 @@
 
 namespace fa::stages {
 namespace {
+
+using overlap::kMaxParts;
+using overlap::kMaxSplitPieces;
+using overlap::LastRound;
+using overlap::plan_last_round;
 
 using kernel::kMmaColumns;
 using kernel::kMmaDepth;
@@ -127,7 +133,7 @@ struct Tiling {
 };
 
 // A block computes pieces blockIdx.x, blockIdx.x + gridDim.x, ... (`pieces` in all), or, given
-// `piece_counter`, those of the queue (piece_order.cuh; README, "Persistent blocks").
+// `piece_counter`, those of the queue (launch; README, "Persistent blocks").
 // One piece: Br = 64 · kConsumers query rows of one (batch, query head). Threads 0-127 are the
 // producer warpgroup (thread 0 issues every copy, the rest have nothing to do), the next
 // 128 · kConsumers threads the consumer warpgroups, 64 rows each. The tensor maps describe Q and O
@@ -159,13 +165,13 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   unsigned char* out_tile = shared + Layout::kOutTileOffset;
   unsigned char* ring = shared + Layout::kRingOffset;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(shared + Layout::kBarrierOffset);
-  uint64_t* query_full = barriers;                                               // [kQueryBuffers]
-  uint64_t* query_free = barriers + Layout::kQueryBuffers;                       // [kQueryBuffers]
-  uint64_t* key_full = barriers + 2 * Layout::kQueryBuffers;                     // [kStages]
-  uint64_t* value_full = barriers + 2 * Layout::kQueryBuffers + T::kStages;      // [kStages]
-  uint64_t* key_free = barriers + 2 * Layout::kQueryBuffers + 2 * T::kStages;    // [kStages]
-  uint64_t* value_free = barriers + 2 * Layout::kQueryBuffers + 3 * T::kStages;  // [kStages]
-  int* piece_slots = reinterpret_cast<int*>(barriers + Layout::kBarriers);       // [kQueryBuffers]
+  uint64_t* query_full = barriers;                                             // [kQueryBuffers]
+  uint64_t* query_free = barriers + Layout::kQuerySlots;                       // [kQueryBuffers]
+  uint64_t* key_full = barriers + 2 * Layout::kQuerySlots;                     // [kStages]
+  uint64_t* value_full = barriers + 2 * Layout::kQuerySlots + T::kStages;      // [kStages]
+  uint64_t* key_free = barriers + 2 * Layout::kQuerySlots + 2 * T::kStages;    // [kStages]
+  uint64_t* value_free = barriers + 2 * Layout::kQuerySlots + 3 * T::kStages;  // [kStages]
+  int* piece_slots = reinterpret_cast<int*>(barriers + Layout::kBarriers);     // [kQueryBuffers]
   // The queue only where the blocks are persistent (launch); elsewhere the code for it is not built.
   int* queue = Layout::kOutTile ? piece_counter : nullptr;
   const auto key_slot = [&](int slot) { return ring + 2 * slot * Layout::kKvTileBytes; };
@@ -417,7 +423,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
           out, row_max, row_sum, out_tile, consumer, thread, warp, lane, group, quad,
           writes ? consumer_first_row : q_seq, q_seq, dim, lse, piece.query_head, &out_map, o, store_by_copy_engine,
           query_free);
-      index = overlap::next_piece<Layout::kQueryBuffers>(index, round, queue, query_full, piece_slots);
+      index = next_piece<Layout::kQueryBuffers>(index, round, queue, query_full, piece_slots);
     }
     if (consumer == 0) take_turn();
     // The block's shared memory must outlive the copy engine's reads of the last staged O.
@@ -428,12 +434,37 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 #endif
 }
 
-// The workspace of the order of pieces (piece_order.cuh).
+// The workspace: stage 09's padded copies of Q, K and V where D is not a multiple of 8, then, 16-byte
+// aligned, under the causal mask the queue's counter; without it, where pieces may be split (D <= 64
+// or > 128, more than one K/V tile), a counter of arrivals per split piece and consumer, then their
+// states.
+int64_t queue_offset(const Problem& problem) {
+  return (kernel::tma_workspace_bytes(problem, Pass::forward) + 15) / 16 * 16;
+}
+
+struct SplitSpace {
+  int64_t arrivals;       // ints
+  int64_t states_offset;  // bytes from the workspace's start
+  int64_t state_floats;
+  int64_t bytes() const { return states_offset + state_floats * 4; }
+};
+
+template <int kDim>
+SplitSpace split_space(const Problem& problem) {
+  using T = Tiling<kDim>;
+  const int64_t pieces = (problem.q_seq + T::kQueryRows - 1) / T::kQueryRows * problem.q_heads_total();
+  const int64_t split_pieces = T::kSplitLastRound && problem.kv_seq > T::kKeys ? std::min(pieces, kMaxSplitPieces) : 0;
+  const int64_t arrivals = split_pieces * T::kConsumers;
+  return {arrivals, queue_offset(problem) + (arrivals * 4 + 15) / 16 * 16,
+          arrivals * kMaxParts * kernel::kPartStateFloats<kDim> * kWarpgroupThreads};
+}
+
 int64_t workspace_bytes(const Problem& problem, Pass pass) {
-  if (problem.dim <= 64) return overlap::workspace_bytes<64, Tiling<64>>(problem, pass);
-  if (problem.dim <= 128) return overlap::workspace_bytes<128, Tiling<128>>(problem, pass);
-  if (problem.dim <= 192) return overlap::workspace_bytes<192, Tiling<192>>(problem, pass);
-  return overlap::workspace_bytes<256, Tiling<256>>(problem, pass);
+  if (problem.causal) return queue_offset(problem) + 16;
+  const int64_t bytes = kernel::tma_workspace_bytes(problem, pass);
+  if (problem.dim <= 64) return std::max(bytes, split_space<64>(problem).bytes());
+  if (problem.dim <= 128) return bytes;
+  return std::max(bytes, problem.dim <= 192 ? split_space<192>(problem).bytes() : split_space<256>(problem).bytes());
 }
 
 template <typename Element, int kDim>
@@ -447,11 +478,44 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
   const int64_t query_tiles = (problem.q_seq + T::kQueryRows - 1) / T::kQueryRows;
   const int64_t pieces = query_tiles * problem.q_heads_total();
   FA_STATUS_TRY(check_grid(pieces));
-  // The blocks are persistent, or one per piece, and the last round may be split (piece_order.cuh).
-  overlap::PieceOrder order;
-  int64_t units = 0;
-  int64_t blocks = 0;
-  FA_STATUS_TRY((overlap::plan_pieces<kDim, T>(args, pieces, &order, &units, &blocks)));
+  // Persistent blocks, one per SM (a block takes an SM's shared memory), each looping over pieces,
+  // where O has a tile of its own. Under the causal mask the pieces differ in weight, and a fixed
+  // round-robin balances them worse than the hardware starting one block per piece on whichever SM
+  // frees first (README, "Persistent blocks"): there the blocks take their pieces from a queue, a
+  // counter in the workspace zeroed here (without a workspace, one block per piece). At D = 192 and
+  // 256 the next Q has to wait for the epilogue anyway: one block per piece, and each loops once.
+  int* piece_counter = nullptr;
+  if (T::Layout::kOutTile && problem.causal && args.workspace != nullptr) {
+    piece_counter = reinterpret_cast<int*>(static_cast<unsigned char*>(args.workspace) + queue_offset(problem));
+    FA_CUDA_TRY(cudaMemsetAsync(piece_counter, 0, sizeof(int), args.stream));
+  }
+  const bool persistent = T::Layout::kOutTile && (!problem.causal || piece_counter != nullptr);
+  LastRound last_round{pieces, 1};
+  const SplitSpace split = split_space<kDim>(problem);
+  float* part_states = nullptr;
+  int* part_arrivals = nullptr;
+  int multiprocessors = 0;
+  if (persistent || T::kSplitLastRound) {
+    int device = 0;
+    FA_CUDA_TRY(cudaGetDevice(&device));
+    FA_STATUS_TRY(multiprocessor_count(device, &multiprocessors));
+  }
+  // Without the mask the pieces are alike: the last round's may be split (README, "The last round").
+  // Blocks one per piece run in rounds too: as many at once as there are SMs.
+  if (!problem.causal && split.arrivals > 0 && args.workspace != nullptr) {
+    const int64_t tiles = (problem.kv_seq + T::kKeys - 1) / T::kKeys;
+    last_round = plan_last_round(pieces, tiles, multiprocessors);
+  }
+  if (last_round.parts > 1) {
+    unsigned char* workspace = static_cast<unsigned char*>(args.workspace);
+    part_arrivals = reinterpret_cast<int*>(workspace + queue_offset(problem));
+    part_states = reinterpret_cast<float*>(workspace + split.states_offset);
+    const int64_t arrivals = (pieces - last_round.split_from) * T::kConsumers;
+    FA_CUDA_TRY(cudaMemsetAsync(part_arrivals, 0, static_cast<std::size_t>(arrivals) * 4, args.stream));
+  }
+  const int64_t blocks =
+      persistent ? std::min<int64_t>(last_round.units(pieces), multiprocessors) : last_round.units(pieces);
+  FA_STATUS_TRY(check_grid(last_round.units(pieces)));
   const float scale_log2 = softmax_scale(problem) * kernel::kLog2e;
   // Every count below fits an int: the runner has checked the problem against validate_problem's
   // limits (B·Hq <= 2^20, N <= 2^24) and the pieces against 2^31 - 1.
@@ -459,8 +523,9 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
       maps.query, maps.key, maps.value, maps.out, static_cast<Element*>(args.o), args.lse,
       static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim),
       static_cast<int>(query_tiles), static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads),
-      static_cast<int>(problem.q_heads_total()), static_cast<int>(units), order.queue, order.split_from, order.parts,
-      order.part_states, order.part_arrivals, problem.causal, inputs.store_by_copy_engine, scale_log2);
+      static_cast<int>(problem.q_heads_total()), static_cast<int>(last_round.units(pieces)), piece_counter,
+      static_cast<int>(last_round.split_from), last_round.parts, part_states, part_arrivals, problem.causal,
+      inputs.store_by_copy_engine, scale_log2);
   FA_LAUNCH_TRY();
   return Status();
 }

@@ -24,18 +24,16 @@ struct ForwardLayout {
   static constexpr int kQueryTileBytes = kPanels * kQueryPanelBytes;
   static constexpr int kKvTileBytes = kPanels * kKvPanelBytes;
   static constexpr int kRingBytes = kStages * 2 * kKvTileBytes;
-  // Per Q tile two barriers (Q has landed, Q is free again) and the index of the piece it holds
-  // (an int: 8 bytes hold both tiles'); per ring slot four (K has landed, V has landed, K is free
-  // again, V is free again).
-  static constexpr int kFixedBytes = kSwizzleBytes + kRingBytes + 4 * kStages * 8 + 8;
-  static constexpr int kQueryBufferBytes = kQueryTileBytes + 2 * 8;
+  // The barriers: per Q tile, Q has landed, Q is free again; per ring slot, K has landed, V has
+  // landed, K is free again, V is free again. Beside them, per Q tile the index of the piece it holds
+  // (an int; 8 bytes). With spare tiles there is room for two Q tiles' whether the second fits or not.
+  static constexpr int kQuerySlots = kSpareTiles ? 2 : 1;
+  static constexpr int kBarriers = 2 * kQuerySlots + 4 * kStages;
+  static constexpr int kBaseBytes = kSwizzleBytes + kQueryTileBytes + kRingBytes + kBarriers * 8 + 8;
 
-  static constexpr bool kOutTile =
-      kSpareTiles && kFixedBytes + kQueryBufferBytes + kQueryTileBytes <= kSharedBytesPerBlock;
-  static constexpr int kQueryBuffers =
-      kOutTile && kFixedBytes + 2 * kQueryBufferBytes + kQueryTileBytes <= kSharedBytesPerBlock ? 2 : 1;
-  static constexpr int kBarriers = 2 * kQueryBuffers + 4 * kStages;
-  static constexpr int kBytes = kFixedBytes + kQueryBuffers * kQueryBufferBytes + (kOutTile ? kQueryTileBytes : 0);
+  static constexpr bool kOutTile = kSpareTiles && kBaseBytes + kQueryTileBytes <= kSharedBytesPerBlock;
+  static constexpr int kQueryBuffers = kOutTile && kBaseBytes + 2 * kQueryTileBytes <= kSharedBytesPerBlock ? 2 : 1;
+  static constexpr int kBytes = kBaseBytes + (kOutTile ? kQueryTileBytes : 0) + (kQueryBuffers - 1) * kQueryTileBytes;
 
   // From the aligned start: the O tile, the ring, the barriers.
   static constexpr int kOutTileOffset = kOutTile ? kQueryBuffers * kQueryTileBytes : 0;

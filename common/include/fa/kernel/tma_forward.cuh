@@ -157,6 +157,16 @@ __device__ __forceinline__ void produce_pieces(const PieceAt& piece_at, const in
   }
 }
 
+// Consumer: the block's next piece after piece `index`, the round-th it computed: the next in turn,
+// or, given the queue, the index produce_pieces wrote beside the next Q (`pieces` when there is none).
+template <int kQueryBuffers>
+__device__ __forceinline__ int64_t next_piece(int64_t index, int round, const int* queue, uint64_t* query_full,
+                                              int* piece_slots) {
+  if (queue == nullptr) return index + gridDim.x;
+  barrier_wait(&query_full[(round + 1) % kQueryBuffers], ((round + 1) / kQueryBuffers) & 1);
+  return atomicAdd(&piece_slots[(round + 1) % kQueryBuffers], 0);
+}
+
 // The epilogue of a consumer warpgroup of a block that loops over pieces: O / l staged in its 64 rows of
 // `out_tile` (stage_output_rows; named barrier 1 + consumer), then stored by TMA or element by
 // element. First the staging must be free: the last piece's TMA store has read it (thread 0 issued
