@@ -2,9 +2,9 @@
 // block"; stage 10's "Persistent blocks" adds an O tile and a second Q tile): the Q tiles (kPanels
 // panels of Br rows x 128 bytes each), the O staging tile where the block has one (else O is staged
 // in the Q tile), then ring slot s = (K tile, V tile), each kPanels panels of Bc rows x 128 bytes,
-// then the barriers and the piece slots, from an offset that aligns the start to 1024 bytes (the
-// 128-byte swizzle's period; dynamic shared memory only promises 16). Stages 09 and 10 size their
-// blocks with it. sm_90a only (wgmma_walk.cuh).
+// then the barriers and the piece slots. The offsets count from the start aligned to 1024 bytes (the
+// 128-byte swizzle's period; dynamic shared memory only promises 16), which the kernels find and
+// kBytes leaves room for. Stages 09 and 10 size their blocks with it. sm_90a only (wgmma_walk.cuh).
 #pragma once
 
 #include "fa/kernel/wgmma_walk.cuh"
@@ -26,7 +26,7 @@ struct ForwardLayout {
   static constexpr int kRingBytes = kStages * 2 * kKvTileBytes;
   // The barriers: per Q tile, Q has landed, Q is free again; per ring slot, K has landed, V has
   // landed, K is free again, V is free again. Beside them, per Q tile the index of the piece it holds
-  // (an int; 8 bytes). With spare tiles there is room for two Q tiles' whether the second fits or not.
+  // (an int; 8 bytes hold two). With spare tiles, room for two Q tiles' whether the second fits or not.
   static constexpr int kQuerySlots = kSpareTiles ? 2 : 1;
   static constexpr int kBarriers = 2 * kQuerySlots + 4 * kStages;
   static constexpr int kBaseBytes = kSwizzleBytes + kQueryTileBytes + kRingBytes + kBarriers * 8 + 8;
