@@ -231,6 +231,30 @@ class Methods(unittest.TestCase):
         self.assertEqual(set(source_hash.METHOD_OF_KIND), {k for k, kind in data.KINDS.items()
                                                            if kind.schema_kind == "results"})
 
+    def test_the_method_hashes_of_other_commits_follow_this_trees_methods(self):
+        # own_hashes caches a commit's method (and code) hashes by the version of the source_hash
+        # module that computed them: values an older METHODS gave are never read back for a newer one
+        # (they once shared the commit's cache file, where they were read back whatever METHODS said).
+        commit = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+        work = self.temporary.name
+        stale = {"method:torch": "0" * 16, "code:04_online_softmax": "1" * 16}
+
+        def write(name, hashes):  # a cache file of restamp's work folder, as it writes them
+            os.makedirs(os.path.join(work, "hashes"), exist_ok=True)
+            with open(os.path.join(work, "hashes", name), "w") as handle:
+                handle.writelines(f"{k} {v}\n" for k, v in hashes.items())
+
+        write(commit, {"04_online_softmax": "2" * 16, **stale})
+        hashes = restamp.own_hashes(commit, work)
+        self.assertEqual(hashes["04_online_softmax"], "2" * 16)  # the commit's own hashes: from the cache
+        exported = os.path.join(work, "exported")
+        restamp.export_commit(commit, exported)
+        self.assertEqual(hashes["method:torch"], source_hash.method_hash("torch", exported))
+        self.assertNotEqual(hashes["code:04_online_softmax"], "1" * 16)
+        write(f"{commit}.{restamp._scope_version()}", stale)
+        self.assertEqual(restamp.own_hashes(commit, work)["method:torch"], "0" * 16)  # this version's cache
+
     def test_an_fstring_is_one_token_whatever_the_python(self):
         # Python 3.12 splits f-strings into parts; the hash must not depend on which Python computes it
         # (the GPU machine's 3.12 once gave the torch method another hash than CI's 3.11).
