@@ -65,9 +65,19 @@ foreach(flag_file CMakeLists.txt CMakePresets.json cmake/CudaArchitectures.cmake
   get_filename_component(folder ${tree}/${flag_file} DIRECTORY)
   file(COPY ${ROOT}/${flag_file} DESTINATION ${folder})  # what sets the stage's flags (FLAG_FILES)
 endforeach()
-foreach(method_file torch_runner.py torch_gpu.py)  # the methods' files (fa_course.bench.source_hash METHODS)
-  file(GLOB_RECURSE found ${ROOT}/python/${method_file})
-  file(COPY ${found} DESTINATION ${tree}/python)
+# The methods' files (fa_course.bench.source_hash METHODS: by name, or by path where it has a slash),
+# at their paths under python/.
+foreach(method_file torch_runner.py torch_gpu.py fa_course/capi.py problem.py)
+  if(method_file MATCHES "/")
+    set(found ${ROOT}/python/${method_file})
+  else()
+    file(GLOB_RECURSE found ${ROOT}/python/${method_file})
+  endif()
+  foreach(path IN LISTS found)
+    file(RELATIVE_PATH relative ${ROOT}/python ${path})
+    get_filename_component(folder ${tree}/python/${relative} DIRECTORY)
+    file(COPY ${path} DESTINATION ${folder})
+  endforeach()
 endforeach()
 
 # hash(<out> <args...>): the script's output for the copy.

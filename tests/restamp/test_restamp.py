@@ -225,6 +225,23 @@ class Methods(unittest.TestCase):
         self.assertNotEqual(source_hash.stage_hash("04_online_softmax", self.tree), stage)
         self.assertEqual(source_hash.method_hash("cpp", self.tree), source_hash.method_hash("cpp", REPO))
 
+    def test_the_torch_method_covers_the_call_of_our_stage(self):
+        # A timed call of one of our stages runs through capi.py's Library.forward (the C ABI call) and
+        # problem.py's Problem.of: a change there changes the torch method's hash; the benchmark's shim
+        # of the same name (bench/capi.py) is not the file taken.
+        files = source_hash.method_files("torch", self.tree)
+        self.assertIn("python/fa_course/capi.py", files)
+        self.assertIn("python/fa_course/problem.py", files)
+        method = source_hash.method_hash("torch", self.tree)
+        capi = os.path.join(self.tree, "python/fa_course/capi.py")
+        with open(capi) as handle:
+            text = handle.read()
+        self.assertIn("stream_handle = _stream_handle(stream)", text)
+        with open(capi, "w") as handle:
+            handle.write(text.replace("stream_handle = _stream_handle(stream)",
+                                      "stream_handle = _stream_handle(stream); self.synchronize()", 1))
+        self.assertNotEqual(source_hash.method_hash("torch", self.tree), method)
+
     def test_a_restamp_carries_only_the_kinds_whose_method_is_unchanged(self):
         self.assertEqual({source_hash.METHOD_OF_KIND[k] for k in ("results", "memory")}, {"cpp"})
         self.assertEqual({source_hash.METHOD_OF_KIND[k] for k in ("torch", "torch_graph")}, {"torch"})

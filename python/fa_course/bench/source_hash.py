@@ -299,11 +299,13 @@ FLAG_FILES = ("CMakeLists.txt", "CMakePresets.json", "cmake/CudaArchitectures.cm
               "cmake/Stage.cmake", STAGE_MAIN, "common/CMakeLists.txt", "stages/CMakeLists.txt")
 # Headers the build generates, by the file they are made from (fa_source_hash.h is the hash itself).
 GENERATED = {"fa/stages.hpp": "stages/stages.hpp.in", "fa_source_hash.h": None}
-# The code that times and checks, per method, found by file name (a moved file stays found); the
-# kinds (data files) whose rows each method produces.
+# The code that times and checks, per method, found by file name under its folder (a moved file stays
+# found), or by its path there where the name is not unique; the kinds (data files) whose rows each
+# method produces. The torch method's timed call of one of our stages runs through capi.py's
+# Library.forward and problem.py's Problem.of.
 METHODS = {
     "cpp": ("common", ("runner.cpp", "timing.cpp", "metrics.cpp", "inputs.cpp", "reference.cpp", "report.cpp")),
-    "torch": ("python", ("torch_runner.py", "torch_gpu.py")),
+    "torch": ("python", ("torch_runner.py", "torch_gpu.py", "fa_course/capi.py", "problem.py")),
 }
 # fp8.csv (scripts/fp8_peers.py) times and checks with the torch runner's functions (torch_gpu's event
 # timing, torch_runner's float64 comparison and its stage and SDPA calls): the torch method.
@@ -418,14 +420,17 @@ def stage_files(stage, root):
 
 
 def method_files(method, root):
-    """The files of a method (METHODS), in METHODS order: each found by name under its folder."""
+    """The files of a method (METHODS), in METHODS order: each found by name under its folder, or by
+    its path there (a name with a slash)."""
     folder, names = METHODS[method]
     found = {}
     for directory, subdirs, files in os.walk(os.path.join(root, folder)):
         subdirs[:] = sorted(d for d in subdirs if not d.startswith((".", "__")))
         for name in files:
-            if name in names and name not in found:
-                found[name] = _relative(root, os.path.join(directory, name))
+            path = os.path.relpath(os.path.join(directory, name), os.path.join(root, folder)).replace(os.sep, "/")
+            for wanted in names:
+                if wanted not in found and (path == wanted if "/" in wanted else name == wanted):
+                    found[wanted] = _relative(root, os.path.join(directory, name))
     missing = [n for n in names if n not in found]
     if missing:
         raise FileNotFoundError(f"source_hash: method {method}: no {', '.join(missing)} under {folder}/ "
