@@ -11,10 +11,10 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <vector>
 
 #include "fa/device.hpp"
+#include "fa/no_arguments.hpp"
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define FA_MMA_CEILING_DEVICE_CODE 1
@@ -104,17 +104,11 @@ bool measure(int blocks, float* sink, double& tflops) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // It takes no arguments: one is answered (--help) or refused before the GPU is looked for.
-  if (argc > 1) {
-    if (std::strcmp(argv[1], "--help") == 0) {
-      std::puts("usage: fa_mma_ceiling (no arguments)");
-      std::puts("prints \"fp16_mma_sync,<TFLOP/s>,TFLOP/s\" and the BF16 line");
-      std::puts("exit codes: 0 ok, 2 an argument, 4 no CUDA device or one older than sm_80, 5 a CUDA error");
-      return 0;
-    }
-    std::fprintf(stderr, "fa_mma_ceiling: takes no arguments, not '%s' (see --help)\n", argv[1]);
-    return 2;
-  }
+  const int answered = fa::answer_no_arguments(
+      argc, argv, "fa_mma_ceiling",
+      "prints \"fp16_mma_sync,<TFLOP/s>,TFLOP/s\" and the BF16 line\n"
+      "exit codes: 0 ok, 2 an argument, 4 no CUDA device or one older than sm_80, 5 a CUDA error");
+  if (answered >= 0) return answered;
   const fa::DeviceInfo gpu = fa::query_device();
   if (!gpu.present) {
     std::fprintf(stderr, "fa_mma_ceiling: %s\n", gpu.reason.c_str());

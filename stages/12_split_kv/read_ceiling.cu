@@ -21,11 +21,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 
 #include "fa/cuda_check.hpp"
 #include "fa/device.hpp"
 #include "fa/kernel/cp_async.cuh"
+#include "fa/no_arguments.hpp"
 #include "fa/timing.hpp"
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
@@ -142,18 +142,12 @@ double read_ceiling(int sms) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // It takes no arguments: one is answered (--help) or refused before the GPU is looked for.
-  if (argc > 1) {
-    if (std::strcmp(argv[1], "--help") == 0) {
-      std::puts("usage: fa_read_ceiling (no arguments)");
-      std::puts("prints \"read_bandwidth,<GB/s>,GB/s\"");
-      std::puts("exit codes: 0 ok, 2 an argument, 4 no CUDA device or one older than sm_80, 5 a CUDA error,");
-      std::puts("6 a rate above the peak");
-      return 0;
-    }
-    std::fprintf(stderr, "fa_read_ceiling: takes no arguments, not '%s' (see --help)\n", argv[1]);
-    return 2;
-  }
+  const int answered = fa::answer_no_arguments(
+      argc, argv, "fa_read_ceiling",
+      "prints \"read_bandwidth,<GB/s>,GB/s\"\n"
+      "exit codes: 0 ok, 2 an argument, 4 no CUDA device or one older than sm_80, 5 a CUDA error,\n"
+      "6 a rate above the peak");
+  if (answered >= 0) return answered;
   const fa::DeviceInfo gpu = fa::query_device();
   if (!gpu.present) {
     std::fprintf(stderr, "fa_read_ceiling: %s\n", gpu.reason.c_str());
