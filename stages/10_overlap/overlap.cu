@@ -23,6 +23,12 @@
 // 1 .. 256 in the buckets of Tiling; a head dim that is not a multiple of 8 cannot be described to
 // TMA (a row's byte stride must be a multiple of 16), so those inputs are first copied into a
 // padded workspace (README, "Causal masking, partial tiles, head dims, general shapes").
+//
+// The device helpers stage 09 teaches live in fa/kernel/: tma.cuh (tensor maps and bulk tensor
+// copies), mbarrier.cuh (the barrier with a transaction count), wgmma.cuh (wgmma, its matrix
+// descriptors, setmaxnreg), and the frame every Hopper stage composes: tma_ring.cuh (the ring),
+// wgmma_walk.cuh (the descriptor walk), tma_forward.cuh (the producer loop, the softmax step, the
+// epilogue); convert.cuh (stage 07), exp2.cuh (stage 06) and launch_order.cuh (stage 03) are reused.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -416,13 +422,13 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // ---- The epilogue ----------------------------------------------------------------------
       // The parts of a split piece merge (split_pieces.cuh); only the last to arrive writes the rows.
       const bool writes = split.merge(index, out, row_max, row_sum, part_states, part_arrivals, consumer, thread);
+      const int first_row_to_write = writes ? consumer_first_row : q_seq;  // from q_seq: none
       // O / l staged in this warpgroup's own 64 rows of the O tile, or of the Q tile where there is
       // none (no longer read by anyone: its last wgmma has completed), then written out
       // (kernel/tma_forward.cuh).
       write_piece_output<Element, kDim, Layout::kPanels, Layout::kQueryPanelBytes, !Layout::kOutTile>(
-          out, row_max, row_sum, out_tile, consumer, thread, warp, lane, group, quad,
-          writes ? consumer_first_row : q_seq, q_seq, dim, lse, piece.query_head, &out_map, o, store_by_copy_engine,
-          query_free);
+          out, row_max, row_sum, out_tile, consumer, thread, warp, lane, group, quad, first_row_to_write, q_seq, dim,
+          lse, piece.query_head, &out_map, o, store_by_copy_engine, query_free);
       index = next_piece<Layout::kQueryBuffers>(index, round, queue, query_full, piece_slots);
     }
     if (consumer == 0) take_turn();
