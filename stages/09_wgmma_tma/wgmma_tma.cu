@@ -344,8 +344,8 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
   FA_STATUS_TRY(check_grid(pieces));
   const float scale_log2 = softmax_scale(problem) * kernel::kLog2e;
   // Every count below fits an int: the runner has checked the problem against validate_problem's
-  // limits (B·Hq <= 2^20, N <= 2^24) and the pieces against 2^31 - 1. One block per piece.
-  kernel<<<static_cast<unsigned>(pieces), T::kThreads, T::Layout::kBytes, args.stream>>>(
+  // limits (B·Hq <= 2^20, N <= 2^24) and the pieces against 2^31 - 1.
+  kernel<<<static_cast<unsigned>(pieces), T::kThreads, T::Layout::kBytes, args.stream>>>(  // a block per piece
       maps.query, maps.key, maps.value, maps.out, static_cast<Element*>(args.o), args.lse,
       static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim),
       static_cast<int>(query_tiles), static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads),

@@ -86,9 +86,6 @@ using kernel::kSwizzleBytes;
 using kernel::kWarpgroupThreads;
 using kernel::kWarpSize;
 
-// Named barriers: 0 is __syncthreads, 1 + c the epilogue of consumer c, kTurnBarrier + c its turn.
-constexpr int kTurnBarrier = 4;
-
 // Everything that sizes the kernel of one head-dim bucket (64, 128, 192 or 256). Change a constant and
 // the rest follows; the static_asserts say when a choice cannot work.
 template <int kDim>
@@ -280,13 +277,13 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     };
     const auto release = [&](uint64_t* free_barrier) { release_to_producer(free_barrier, lane); };
 
-    // Ping-pong (README, "Ping-pong"): the consumer warpgroups take turns to issue their products.
-    // Warpgroup c waits at named barrier kTurnBarrier + c before it issues, and hands the turn on to
-    // the next warpgroup (arrives at its barrier) right after: so one warpgroup's products run on
-    // the tensor cores while the others compute their softmax. The last warpgroup hands the first
-    // turn to warpgroup 0 before anything starts; warpgroup 0 takes the last one handed to it after
-    // the last piece, so that no arrival is left at the barrier when the block exits. Every piece
-    // has the same number of tiles for all its warpgroups, so the turns stay in step.
+    // Ping-pong (README, "Ping-pong"): the consumer warpgroups take turns to issue their products:
+    // warpgroup c waits at named barrier kTurnBarrier + c (kernel/tma_forward.cuh), issues, and
+    // arrives at the next one's, so that one warpgroup's products run while the others compute their
+    // softmax. The last warpgroup hands the first turn to warpgroup 0 before anything starts;
+    // warpgroup 0 takes the last one handed to it after the last piece, so that no arrival is left at
+    // the barrier when the block exits. Every piece has the same number of tiles for all its
+    // warpgroups, so the turns stay in step.
     const auto take_turn = [&] {
       if (T::kPingPong) sync_threads(kTurnBarrier + consumer, 2 * kWarpgroupThreads);
     };

@@ -90,8 +90,6 @@ struct Tiling {
   static constexpr int kStages = 3;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = kConsumers == 3 ? 160 : 240;
-  // Named barriers: 1 + c the epilogue of consumer c, kTurnBarrier + c its turn (stage 10).
-  static constexpr int kTurnBarrier = 4;
 
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   // Q and K: rows of one byte per head-dim element, one swizzle atom of 64 or 128 bytes, in panels
@@ -117,7 +115,7 @@ struct Tiling {
 
   static constexpr int kRegistersAtLaunch = 65536 / kThreads / 8 * 8;
   static_assert(kDim == 64 || kDim == 128 || kDim == 256, "the head-dim buckets");
-  static_assert(kTurnBarrier >= 1 + kConsumers && kTurnBarrier + kConsumers <= 16, "named barriers are 1 .. 15");
+  static_assert(kConsumers <= kernel::kMaxConsumers, "a named barrier per consumer (kernel/tma_forward.cuh)");
   static_assert(kKeys % kValueRowBytes == 0 && kValueRowBytes % kE4m3Step == 0, "whole V_qᵀ panels of 32-key steps");
   static_assert(kQueryBlock % kMmaRows == 0 && kKeys % kKeyBlock == 0,
                 "a consumer's rows lie in one Q block, a tile holds whole K blocks");
@@ -339,9 +337,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       wgmma_commit();
     };
     const auto release = [&](uint64_t* free_barrier) { release_to_producer(free_barrier, lane); };
-    const auto take_turn = [&] { sync_threads(T::kTurnBarrier + consumer, 2 * kWarpgroupThreads); };
+    const auto take_turn = [&] { sync_threads(kTurnBarrier + consumer, 2 * kWarpgroupThreads); };
     const auto pass_turn = [&] {
-      arrive_threads(T::kTurnBarrier + (consumer + 1) % T::kConsumers, 2 * kWarpgroupThreads);
+      arrive_threads(kTurnBarrier + (consumer + 1) % T::kConsumers, 2 * kWarpgroupThreads);
     };
     if (consumer == T::kConsumers - 1) pass_turn();
 
@@ -465,12 +463,12 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       }
       const float lse_max[2] = {row_max[0] - kProbabilityShift, row_max[1] - kProbabilityShift};
       if (store_by_copy_engine && thread == 0) wait_stores_read();
-      sync_threads(1 + consumer, kWarpgroupThreads);
+      sync_threads(kEpilogueBarrier + consumer, kWarpgroupThreads);
       stage_output_rows<Element, kDim, T::kOutPanelBytes>(out, lse_max, row_sum, out_tile, consumer * kMmaRows, warp,
                                                           group, quad, consumer_first_row, q_seq, lse,
                                                           piece.query_head);
       fence_shared_for_async_proxy();
-      sync_threads(1 + consumer, kWarpgroupThreads);
+      sync_threads(kEpilogueBarrier + consumer, kWarpgroupThreads);
       if (store_by_copy_engine) {
         if (thread == 0 && consumer_first_row < q_seq) {
           store_staged_rows<kDim / kPanelColumns, T::kOutPanelBytes>(&out_map, out_tile, consumer * kMmaRows,

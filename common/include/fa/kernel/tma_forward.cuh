@@ -167,10 +167,18 @@ __device__ __forceinline__ int64_t next_piece(int64_t index, int round, const in
   return atomicAdd(&piece_slots[(round + 1) % kQueryBuffers], 0);
 }
 
+// Named barriers of a forward block (0 is __syncthreads): kEpilogueBarrier + c, consumer c's epilogue
+// (write_piece_output); kTurnBarrier + c, its turn to issue its products (stage 10's ping-pong).
+constexpr int kEpilogueBarrier = 1;
+constexpr int kTurnBarrier = 4;
+constexpr int kMaxConsumers = 3;
+static_assert(kEpilogueBarrier + kMaxConsumers <= kTurnBarrier && kTurnBarrier + kMaxConsumers <= 16,
+              "named barriers are 1 .. 15");
+
 // The epilogue of a consumer warpgroup of a block that loops over pieces: O / l staged in its 64 rows of
-// `out_tile` (stage_output_rows; named barrier 1 + consumer), then stored by TMA or element by
-// element. First the staging must be free: the last piece's TMA store has read it (thread 0 issued
-// that store) and every thread of the warpgroup is done with it. The staged rows were written by
+// `out_tile` (stage_output_rows; named barrier kEpilogueBarrier + consumer), then stored by TMA or
+// element by element. First the staging must be free: the last piece's TMA store has read it (thread 0
+// issued that store) and every thread of the warpgroup is done with it. The staged rows were written by
 // ordinary stores; TMA reads them (or, staged in the Q tile, overwrites them with the next Q)
 // through the async proxy: each writing thread fences. O staged in the Q tile (kInQueryTile) frees
 // the Q tile on `query_free` once the store has read it. The caller waits for the last piece's
@@ -183,22 +191,22 @@ __device__ __forceinline__ void write_piece_output(const float (&out)[kDim / 2],
                                                    const CUtensorMap* out_map, Element* o,
                                                    const bool& store_by_copy_engine, uint64_t* query_free) {
   if (store_by_copy_engine && thread == 0) wait_stores_read();
-  sync_threads(1 + consumer, kWarpgroupThreads);
+  sync_threads(kEpilogueBarrier + consumer, kWarpgroupThreads);
   stage_output_rows<Element, kDim, kPanelBytes>(out, row_max, row_sum, out_tile, consumer * kMmaRows, warp, group, quad,
                                                 first_row, q_seq, lse, query_head);
   fence_shared_for_async_proxy();
   if (store_by_copy_engine) {
-    sync_threads(1 + consumer, kWarpgroupThreads);
+    sync_threads(kEpilogueBarrier + consumer, kWarpgroupThreads);
     if (thread == 0 && first_row < q_seq) {
       store_staged_rows<kPanels, kPanelBytes>(out_map, out_tile, consumer * kMmaRows, first_row, query_head);
     }
   } else {
-    sync_threads(1 + consumer, kWarpgroupThreads);
+    sync_threads(kEpilogueBarrier + consumer, kWarpgroupThreads);
     copy_staged_rows<Element, kPanelBytes>(o, out_tile, consumer * kMmaRows, thread, first_row, q_seq, dim, query_head);
   }
   if (kInQueryTile) {
     if (store_by_copy_engine && thread == 0) wait_stores_read();
-    sync_threads(1 + consumer, kWarpgroupThreads);
+    sync_threads(kEpilogueBarrier + consumer, kWarpgroupThreads);
     release_to_producer(query_free, lane);
   }
 }
@@ -211,7 +219,7 @@ __device__ __forceinline__ void write_piece_output(const float (&out)[kDim / 2],
 // loads are coalesced. Then it counts itself on `arrivals` (zeroed by the launch). The last of the
 // `parts` to arrive folds the others into its own state (each part's O and l scaled by
 // 2^(m_part - m), m the largest of them, as stage 12 merges its splits) and returns true: it writes
-// the rows. The others return false. Named barrier 1 + consumer, as the epilogue's.
+// the rows. The others return false. Named barrier kEpilogueBarrier + consumer, as the epilogue's.
 template <int kDim>
 constexpr int kPartStateFloats = kDim / 2 + 4;
 
@@ -236,14 +244,14 @@ __device__ __forceinline__ bool merge_parts(float (&out)[kDim / 2], float (&row_
   // Thread 0 counts the warpgroup once all its states are stored (the barrier), fenced on both sides:
   // this part's state is visible to the whole GPU before its arrival, and the last part reads the
   // others' only after it has seen their arrivals (from L2: __ldcg).
-  sync_threads(1 + consumer, kWarpgroupThreads);
+  sync_threads(kEpilogueBarrier + consumer, kWarpgroupThreads);
   bool last = false;
   if (thread == 0) {
     __threadfence();
     last = atomicAdd(arrivals, 1) == parts - 1;
     __threadfence();
   }
-  if (!any_threads(1 + consumer, kWarpgroupThreads, last)) return false;
+  if (!any_threads(kEpilogueBarrier + consumer, kWarpgroupThreads, last)) return false;
   for (int other = 0; other < parts; ++other) {
     if (other == part) continue;
     const float* theirs_state = state_of(other);
