@@ -242,6 +242,24 @@ class Methods(unittest.TestCase):
                                       "stream_handle = _stream_handle(stream); self.synchronize()", 1))
         self.assertNotEqual(source_hash.method_hash("torch", self.tree), method)
 
+    def test_the_torch_method_covers_the_c_abi_call_of_our_stage(self):
+        # Library.forward calls fa_forward_v2 (api/fa_capi.cpp), whose checks run in every timed call
+        # before the stage does: a change to it changes the torch method's hash, a comment does not.
+        self.assertIn("api/fa_capi.cpp", source_hash.method_files("torch", self.tree))
+        self.assertIn("api/fa_capi.h", source_hash.method_files("torch", self.tree))
+        method = source_hash.method_hash("torch", self.tree)
+        abi = os.path.join(self.tree, "api/fa_capi.cpp")
+        with open(abi) as handle:
+            text = handle.read()
+        call = 'return guarded_forward("fa_forward_v2", stage_id, args);'
+        self.assertIn(call, text)
+        with open(abi, "w") as handle:
+            handle.write(text.replace(call, "// a comment\n  " + call, 1))
+        self.assertEqual(source_hash.method_hash("torch", self.tree), method)
+        with open(abi, "w") as handle:
+            handle.write(text.replace(call, "cudaDeviceSynchronize();\n  " + call, 1))
+        self.assertNotEqual(source_hash.method_hash("torch", self.tree), method)
+
     def test_a_restamp_carries_only_the_kinds_whose_method_is_unchanged(self):
         self.assertEqual({source_hash.METHOD_OF_KIND[k] for k in ("results", "memory")}, {"cpp"})
         self.assertEqual({source_hash.METHOD_OF_KIND[k] for k in ("torch", "torch_graph")}, {"torch"})

@@ -12,8 +12,9 @@ A stage's hash covers what decides its rows, and nothing else:
   - the CMake files and presets that set its flags (FLAG_FILES, the stages' CMakeLists.txt);
   - the nvcc version (given, else `nvcc --version` of $CUDACXX, PATH or /usr/local/cuda);
   - the method hashes of the code that times and checks (METHODS): "cpp" (the C++ runner, timing,
-    metrics, inputs, reference, report: results.csv, memory.csv) and "torch" (the torch runner and
-    its GPU timing: torch.csv, torch_graph.csv). A changed method changes every stage's hash; a
+    metrics, inputs, reference, report: results.csv, memory.csv) and "torch" (the torch runner, its
+    GPU timing and the call of our stage through the C ABI, Python and C sides: torch.csv,
+    torch_graph.csv, fp8.csv). A changed method changes every stage's hash; a
     restamp (scripts/restamp) carries a kind's rows over only when that kind's method is unchanged.
 So renaming a local in common/src/cli.cpp changes no stage's hash, while a changed flag, nvcc or
 timing method does. A change that leaves the machine code identical is carried over by
@@ -299,13 +300,15 @@ FLAG_FILES = ("CMakeLists.txt", "CMakePresets.json", "cmake/CudaArchitectures.cm
               "cmake/Stage.cmake", STAGE_MAIN, "common/CMakeLists.txt", "stages/CMakeLists.txt")
 # Headers the build generates, by the file they are made from (fa_source_hash.h is the hash itself).
 GENERATED = {"fa/stages.hpp": "stages/stages.hpp.in", "fa_source_hash.h": None}
-# The code that times and checks, per method, found by file name under its folder (a moved file stays
+# The code that times and checks, per method, found by file name under its folders (a moved file stays
 # found), or by its path there where the name is not unique; the kinds (data files) whose rows each
 # method produces. The torch method's timed call of one of our stages runs through capi.py's
-# Library.forward and problem.py's Problem.of.
+# Library.forward and problem.py's Problem.of into the C ABI (api/fa_capi.cpp: the checks of every
+# call, then the stage).
 METHODS = {
-    "cpp": ("common", ("runner.cpp", "timing.cpp", "metrics.cpp", "inputs.cpp", "reference.cpp", "report.cpp")),
-    "torch": ("python", ("torch_runner.py", "torch_gpu.py", "fa_course/capi.py", "problem.py")),
+    "cpp": (("common",), ("runner.cpp", "timing.cpp", "metrics.cpp", "inputs.cpp", "reference.cpp", "report.cpp")),
+    "torch": (("python", "api"),
+              ("torch_runner.py", "torch_gpu.py", "fa_course/capi.py", "problem.py", "fa_capi.cpp", "fa_capi.h")),
 }
 # fp8.csv (scripts/fp8_peers.py) times and checks with the torch runner's functions (torch_gpu's event
 # timing, torch_runner's float64 comparison and its stage and SDPA calls): the torch method.
@@ -420,20 +423,22 @@ def stage_files(stage, root):
 
 
 def method_files(method, root):
-    """The files of a method (METHODS), in METHODS order: each found by name under its folder, or by
-    its path there (a name with a slash)."""
-    folder, names = METHODS[method]
+    """The files of a method (METHODS), in METHODS order: each found by name under its folders (the
+    first folder that has it), or by its path there (a name with a slash)."""
+    folders, names = METHODS[method]
     found = {}
-    for directory, subdirs, files in os.walk(os.path.join(root, folder)):
-        subdirs[:] = sorted(d for d in subdirs if not d.startswith((".", "__")))
-        for name in files:
-            path = os.path.relpath(os.path.join(directory, name), os.path.join(root, folder)).replace(os.sep, "/")
-            for wanted in names:
-                if wanted not in found and (path == wanted if "/" in wanted else name == wanted):
-                    found[wanted] = _relative(root, os.path.join(directory, name))
+    for folder in folders:
+        for directory, subdirs, files in os.walk(os.path.join(root, folder)):
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith((".", "__")))
+            for name in sorted(files):
+                path = os.path.relpath(os.path.join(directory, name), os.path.join(root, folder)).replace(os.sep, "/")
+                for wanted in names:
+                    if wanted not in found and (path == wanted if "/" in wanted else name == wanted):
+                        found[wanted] = _relative(root, os.path.join(directory, name))
     missing = [n for n in names if n not in found]
     if missing:
-        raise FileNotFoundError(f"source_hash: method {method}: no {', '.join(missing)} under {folder}/ "
+        where = ", ".join(f"{folder}/" for folder in folders)
+        raise FileNotFoundError(f"source_hash: method {method}: no {', '.join(missing)} under {where} "
                                 f"(update METHODS in python/fa_course/bench/source_hash.py if it moved out)")
     return [found[n] for n in names]
 
