@@ -65,18 +65,17 @@ foreach(flag_file CMakeLists.txt CMakePresets.json cmake/CudaArchitectures.cmake
   get_filename_component(folder ${tree}/${flag_file} DIRECTORY)
   file(COPY ${ROOT}/${flag_file} DESTINATION ${folder})  # what sets the stage's flags (FLAG_FILES)
 endforeach()
-# The methods' files (fa_course.bench.source_hash METHODS: by name, or by path where it has a slash),
-# at their paths under python/.
-foreach(method_file torch_runner.py torch_gpu.py fa_course/capi.py problem.py)
-  if(method_file MATCHES "/")
-    set(found ${ROOT}/python/${method_file})
-  else()
-    file(GLOB_RECURSE found ${ROOT}/python/${method_file})
+# The methods' files (fa_course.bench.source_hash METHODS), at their paths, as the script lists them.
+foreach(method cpp torch)
+  execute_process(COMMAND ${PYTHON} ${ROOT}/scripts/source_hash.py --root ${ROOT} --method ${method} --files
+    OUTPUT_VARIABLE method_files RESULT_VARIABLE status OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT status EQUAL 0)
+    message(FATAL_ERROR "source_hash.py --method ${method} --files failed (${status})")
   endif()
-  foreach(path IN LISTS found)
-    file(RELATIVE_PATH relative ${ROOT}/python ${path})
-    get_filename_component(folder ${tree}/python/${relative} DIRECTORY)
-    file(COPY ${path} DESTINATION ${folder})
+  string(REPLACE "\n" ";" method_files "${method_files}")
+  foreach(relative IN LISTS method_files)
+    get_filename_component(folder ${tree}/${relative} DIRECTORY)
+    file(COPY ${ROOT}/${relative} DESTINATION ${folder})
   endforeach()
 endforeach()
 
