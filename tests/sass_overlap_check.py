@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Stage 10's structural test on the machine code (SASS): in every kernel, a round's softmax runs
-between the wait for S (WARPGROUP.DEPBAR.LE gsb0, 0x1: P·V may still run) and the wait for P·V
+"""Stages 10's and 14's structural test on the machine code (SASS): in every kernel, a round's softmax
+runs between the wait for S (WARPGROUP.DEPBAR.LE gsb0, 0x1: P·V may still run) and the wait for P·V
 (WARPGROUP.DEPBAR.LE gsb0, 0x0). Reads the stage's SASS (sass_listing.py) and counts the MUFU.EX2
 after each wait for S up to the next wait for P·V. Fails when a kernel has no such wait, or when the
 count after every one of them is zero (ptxas hoisted the wait above the exponentials). The kernels of

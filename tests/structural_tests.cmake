@@ -215,6 +215,13 @@ fa_add_structural_test(NAME "stage14: PTX runs both products as e4m3 wgmma, the 
   PATTERN "cvt\\.rn\\.satfinite\\.e4m3x2\\.f32")
 fa_add_spill_test(NAME "stage14: ptxas spills nothing to local memory in the FP8 forward (sm_90a)"
   STAGE 14_fp8 SOURCE fp8_attention.cu ARCH 90a)
+# The same in the machine code: every FP8 kernel issues both products as e4m3 QGMMA (S with A from
+# shared memory, P·V with P in registers) and no 16-bit HGMMA; and, as in stage 10, the softmax's
+# exponentials run between the wait for S and the wait for P·V (every bucket overlaps here).
+fa_add_sass_test(NAME "stage14: SASS runs both products as e4m3 QGMMA and no 16-bit HGMMA (sm_90a)"
+  STAGE 14_fp8 SOURCE fp8_attention.cu ARCH 90a SCRIPT ${PROJECT_SOURCE_DIR}/tests/sass_fp8_wgmma_check.py)
+fa_add_sass_test(NAME "stage14: SASS runs the softmax's exponentials between the wait for S and the wait for P·V (sm_90a)"
+  STAGE 14_fp8 SOURCE fp8_attention.cu ARCH 90a SCRIPT ${PROJECT_SOURCE_DIR}/tests/sass_overlap_check.py)
 fa_add_structural_test(NAME "stage14: PTX of the quantization pass converts with cvt.rn.satfinite.e4m3x2 (sm_90a)"
   STAGE 14_fp8 SOURCE quantize.cu ARCH 90a
   PATTERN "cvt\\.rn\\.satfinite\\.e4m3x2\\.f32" PATTERN "shfl\\.sync\\.bfly\\.b32" PATTERN "atom\\.global\\.max\\.u32")
