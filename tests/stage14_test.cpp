@@ -8,7 +8,8 @@
 // reports skipped without an sm_90 device (a failure instead with FA_REQUIRE_GPU=1).
 //
 // Structural tests (tests/structural_tests.cmake): the PTX of fp8_attention.cu holds the e4m3
-// wgmma, the TMA copies, setmaxnreg and the e4m3 conversion; ptxas spills nothing.
+// wgmma, the TMA copies, setmaxnreg and the e4m3 conversion; ptxas spills nothing; its SASS issues
+// both products as e4m3 QGMMA (no HGMMA) and runs the exponentials between the two waits.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
