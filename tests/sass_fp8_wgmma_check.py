@@ -10,7 +10,7 @@ HGMMA, or when no kernel was found. Reads the SASS with sass_listing.py.
 import re
 import sys
 
-from sass_listing import arguments, exit_status, kernel_listings
+from sass_listing import arguments, check_kernels
 
 # QGMMA.64xNx32.F32.E4M3.E4M3 Rd, gdesc[URa], ...: A through a descriptor (S = Q·Kᵀ)
 SCORES = re.compile(r"\bQGMMA\.64x\d+x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[UR\d+\]")
@@ -18,25 +18,19 @@ SCORES = re.compile(r"\bQGMMA\.64x\d+x32\.F32\.E4M3\.E4M3 R\d+, gdesc\[UR\d+\]")
 VALUES = re.compile(r"\bQGMMA\.64x\d+x32\.F32\.E4M3\.E4M3 R\d+, R\d+, gdesc\[UR\d+\]")
 
 
+def check(name, listing):
+    scores = sum(SCORES.search(text) is not None for _, text in listing)
+    values = sum(VALUES.search(text) is not None for _, text in listing)
+    sixteen_bit = sum(re.search(r"\bHGMMA\b", text) is not None for _, text in listing)
+    detail = (f"{scores} e4m3 QGMMA of S (A in shared memory), {values} of P·V (P in registers), "
+              f"{sixteen_bit} HGMMA")
+    return scores > 0 and values > 0 and sixteen_bit == 0, detail
+
+
 def main():
     args = arguments("stage 14's products as e4m3 wgmma (QGMMA), in the SASS").parse_args()
-    kernels = kernel_listings(args)
-    if kernels is None:
-        return 1
-    checked = 0
-    failed = False
-    for name, listing in kernels.items():
-        if "fp8_attention_kernel" not in name:
-            continue
-        checked += 1
-        scores = sum(SCORES.search(text) is not None for _, text in listing)
-        values = sum(VALUES.search(text) is not None for _, text in listing)
-        sixteen_bit = sum(re.search(r"\bHGMMA\b", text) is not None for _, text in listing)
-        verdict = "ok" if scores > 0 and values > 0 and sixteen_bit == 0 else "FAILED"
-        failed |= verdict != "ok"
-        print(f"{verdict}: {name}: {scores} e4m3 QGMMA of S (A in shared memory), {values} of P·V (P in "
-              f"registers), {sixteen_bit} HGMMA")
-    return exit_status(checked, failed, f"no fp8_attention_kernel in {args.ptx}")
+    return check_kernels(args, lambda name, _: "fp8_attention_kernel" in name, check,
+                         f"no fp8_attention_kernel in {args.ptx}")
 
 
 if __name__ == "__main__":

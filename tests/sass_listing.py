@@ -1,8 +1,9 @@
 """The machine code (SASS) of a stage, for the structural tests that read it: the stage's PTX
 assembled with ptxas, the cubin disassembled with cuobjdump (PyPI: nvidia-cuda-cuobjdump with
 nvidia-cuda-nvdisasm, in requirements.txt), split by kernel into (address, instruction) pairs.
-Used by sass_overlap_check.py and sass_round_loop_check.py; `arguments` gives both their common
-options (--ptxas PTXAS --ptx FILE --arch 90a [--root REPO]), `exit_status` their verdict."""
+Used by sass_overlap_check.py, sass_round_loop_check.py and sass_fp8_wgmma_check.py; `arguments`
+gives their common options (--ptxas PTXAS --ptx FILE --arch 90a [--root REPO]), `check_kernels` runs
+a check on each kernel and gives the verdict."""
 import argparse
 import importlib.util
 import os
@@ -62,9 +63,23 @@ def kernel_listings(args):
     return kernels
 
 
-def exit_status(checked, failed, nothing_checked):
-    """A check's exit status: 1 when a kernel failed, or when it checked none (then it prints
-    `nothing_checked`); else 0."""
+def check_kernels(args, wanted, check, nothing_checked):
+    """A check's verdict over a stage's kernels: `check(name, listing)` gives (passed, detail) for
+    each kernel that `wanted(name, listing)` selects, printed as "ok: <name>: <detail>" or
+    "FAILED: ...". Returns the exit status: 1 when a kernel failed, when there is no listing, or
+    when none was selected (then it prints `nothing_checked`); else 0."""
+    kernels = kernel_listings(args)
+    if kernels is None:
+        return 1
+    checked = 0
+    failed = False
+    for name, listing in kernels.items():
+        if not wanted(name, listing):
+            continue
+        checked += 1
+        passed, detail = check(name, listing)
+        failed |= not passed
+        print(f"{'ok' if passed else 'FAILED'}: {name}: {detail}")
     if checked == 0:
         print(nothing_checked)
         return 1

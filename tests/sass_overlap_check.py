@@ -11,45 +11,38 @@ must wait for both products at once and never for S alone.
 """
 import sys
 
-from sass_listing import arguments, exit_status, kernel_listings
+from sass_listing import arguments, check_kernels
+
+
+def check_round(name, listing, plain_dims):
+    lines = [instruction for _, instruction in listing]
+    if any(f"Li{dim}E" in name for dim in plain_dims):  # the kernel's head-dim template argument
+        waits_for_s = sum("WARPGROUP.DEPBAR.LE gsb0, 0x1" in line for line in lines)
+        waits_for_both = sum("WARPGROUP.DEPBAR.LE gsb0, 0x0" in line for line in lines)
+        detail = f"plain round: {waits_for_s} waits for S alone, {waits_for_both} for both"
+        return waits_for_s == 0 and waits_for_both > 0, detail
+    counts = []
+    inside = None
+    for line in lines:
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
+            inside = 0
+        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line and inside is not None:
+            counts.append(inside)
+            inside = None
+        elif "MUFU.EX2" in line and inside is not None:
+            inside += 1
+    detail = f"MUFU.EX2 between the wait for S and the wait for P·V: {counts or 'no such wait'}"
+    return bool(counts) and max(counts) > 0, detail
 
 
 def main():
     parser = arguments("stage 10's softmax between its two waits, in the SASS")
     parser.add_argument("--plain-dims", default="", help="comma-separated head dims whose kernels do not overlap")
     args = parser.parse_args()
-    kernels = kernel_listings(args)
-    if kernels is None:
-        return 1
     plain_dims = [int(dim) for dim in args.plain_dims.split(",") if dim]
-    checked = 0
-    failed = False
-    for name, listing in kernels.items():
-        if "attention_kernel" not in name:
-            continue
-        lines = [instruction for _, instruction in listing]
-        checked += 1
-        if any(f"Li{dim}E" in name for dim in plain_dims):  # the kernel's head-dim template argument
-            waits_for_s = sum("WARPGROUP.DEPBAR.LE gsb0, 0x1" in line for line in lines)
-            waits_for_both = sum("WARPGROUP.DEPBAR.LE gsb0, 0x0" in line for line in lines)
-            verdict = "ok" if waits_for_s == 0 and waits_for_both > 0 else "FAILED"
-            failed |= verdict != "ok"
-            print(f"{verdict}: {name}: plain round: {waits_for_s} waits for S alone, {waits_for_both} for both")
-            continue
-        counts = []
-        inside = None
-        for line in lines:
-            if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
-                inside = 0
-            elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line and inside is not None:
-                counts.append(inside)
-                inside = None
-            elif "MUFU.EX2" in line and inside is not None:
-                inside += 1
-        verdict = "ok" if counts and max(counts) > 0 else "FAILED"
-        failed |= verdict != "ok"
-        print(f"{verdict}: {name}: MUFU.EX2 between the wait for S and the wait for P·V: {counts or 'no such wait'}")
-    return exit_status(checked, failed, f"no attention kernel in {args.ptx}")
+    return check_kernels(args, lambda name, _: "attention_kernel" in name,
+                         lambda name, listing: check_round(name, listing, plain_dims),
+                         f"no attention kernel in {args.ptx}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ or when no kernel has a round loop. Reads the SASS with sass_listing.py.
 import re
 import sys
 
-from sass_listing import arguments, exit_status, kernel_listings
+from sass_listing import arguments, check_kernels
 
 
 def round_loop(listing):
@@ -30,27 +30,18 @@ def round_loop(listing):
     return shortest
 
 
+def check(name, listing):
+    body = round_loop(listing)
+    if body is None:
+        return False, "issues wgmma, but no loop does that and computes exponentials"
+    moves = sum(re.search(r"\bR2UR\b", text) is not None for text in body)
+    return moves == 0, f"{moves} R2UR in the round loop ({len(body)} instructions)"
+
+
 def main():
     args = arguments("no R2UR in the round loop of a stage's wgmma kernels, in the SASS").parse_args()
-    kernels = kernel_listings(args)
-    if kernels is None:
-        return 1
-    checked = 0
-    failed = False
-    for name, listing in kernels.items():
-        if not any("GMMA" in text for _, text in listing):
-            continue
-        body = round_loop(listing)
-        if body is None:
-            print(f"FAILED: {name}: issues wgmma, but no loop does that and computes exponentials")
-            failed = True
-            continue
-        checked += 1
-        moves = sum(re.search(r"\bR2UR\b", text) is not None for text in body)
-        verdict = "ok" if moves == 0 else "FAILED"
-        failed |= moves != 0
-        print(f"{verdict}: {name}: {moves} R2UR in the round loop ({len(body)} instructions)")
-    return exit_status(checked, failed, f"no kernel with a round loop in {args.ptx}")
+    return check_kernels(args, lambda _, listing: any("GMMA" in text for _, text in listing), check,
+                         f"no kernel with a round loop in {args.ptx}")
 
 
 if __name__ == "__main__":
