@@ -114,6 +114,7 @@ struct Tiling {
   static_assert(kDim % kPanelColumns == 0, "a tile is whole 64-column panels");
   static_assert(kKeys % kMmaDepth == 0 && kKeys <= 256, "a K/V tile is whole 16-key steps; a TMA box has <= 256 rows");
   static_assert(kStages >= 2, "a pipeline needs a tile in flight while another is computed");
+  static_assert(kConsumers <= kernel::kMaxConsumers, "a named barrier per consumer (kernel/tma_forward.cuh)");
   static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRegisters) <=
                     kThreads * kRegistersAtLaunch,
                 "setmaxnreg can only move registers the block was launched with");

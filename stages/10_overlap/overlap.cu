@@ -5,12 +5,9 @@
 //
 //   - Overlap inside a warpgroup: S of the next tile is issued together with O += P·V of the
 //     current one, and the warpgroup waits for S alone (wgmma.wait_group 1) before it computes that
-//     tile's softmax, while P·V is still on the tensor cores. It costs registers: S of the next
-//     tile, P of the current one and O are all live at once (README, "What the compiler made of
-//     it"). At D = 64 three warpgroups without it keep the tensor cores busier.
-//   - Ping-pong between warpgroups: the consumer warpgroups take turns to issue their products,
-//     ordered by named barriers (bar.sync to take the turn, bar.arrive to pass it on), so that one
-//     warpgroup's products run while the other computes its softmax.
+//     tile's softmax, while P·V is still on the tensor cores (from D = 128: Tiling::kOverlap).
+//   - Ping-pong between warpgroups: the consumer warpgroups take turns to issue their products
+//     (named barriers), so that one warpgroup's products run while the other computes its softmax.
 //
 // Around the schedule, stage 09's loop over pieces runs in persistent blocks, one per SM, up to
 // D = 128 (the next piece's Q lands while this one is computed), and the last round's pieces may be
@@ -90,9 +87,8 @@ using kernel::kWarpSize;
 // the rest follows; the static_asserts say when a choice cannot work.
 template <int kDim>
 struct Tiling {
-  // Whether a warpgroup overlaps its softmax with its own P·V (README, "Overlap inside a
-  // warpgroup"): two consumers hold S, O, P and the next P; at D = 64 three consumers without it
-  // keep the tensor cores busier (README, "What the compiler made of it").
+  // Whether a warpgroup overlaps its softmax with its own P·V: S, O, P and the next P are live at
+  // once; at D = 64 three consumers without it keep the tensor cores busier (README, "What the compiler made of it").
   static constexpr bool kOverlap = kDim > 64;
   // Consumer warpgroups of 64 query rows each (Br = 64 per consumer) and one producer warpgroup, of
   // which one thread issues every copy. Keys per K/V tile (Bc) and tiles in the ring: at D = 128 two
@@ -109,17 +105,15 @@ struct Tiling {
   // 168 with two consumers, 128 with three; the consumers then grow to 240 (O, S and P of D = 256
   // take ~190) or 160 (D = 64: ~130).
   static constexpr int kProducerRegisters = 24;
-  // The consumers issue their products in turns (ping-pong; false: whenever each is ready, as in
-  // stage 09, for the README's ablation).
+  // Ping-pong (false: each consumer issues whenever it is ready, as in stage 09: README's ablation).
   static constexpr bool kPingPong = true;
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
 
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   static constexpr int kQueryRows = kConsumers * kMmaRows;  // Br
-  // The shared memory (kernel/forward_layout.cuh): where they fit (D = 64 and 128), an O tile of its
-  // own, for O's TMA store (then the Q tile is free once the piece's last S = Q·Kᵀ has completed),
-  // and a second Q tile (the next piece's Q lands while this piece is computed: README, "Persistent
-  // blocks"). At D = 192 and 256 (192 KB already) one Q tile, in which O is staged, as in stage 09.
+  // The shared memory (kernel/forward_layout.cuh): where they fit (D = 64 and 128), an O tile for O's
+  // TMA store (the Q tile is free once the piece's last S has completed) and a second Q tile (the next
+  // piece's Q lands meanwhile: README, "Persistent blocks"); at D = 192 and 256 stage 09's one Q tile.
   using Layout = kernel::ForwardLayout<kDim, kQueryRows, kKeys, kStages, true>;
   // The pieces of a launch's last, partial round (of persistent blocks at D = 64, of blocks one per
   // piece at D = 192 and 256) may be split by their key tiles into parts (README, "The last round").
@@ -130,7 +124,7 @@ struct Tiling {
   static_assert(kDim % kPanelColumns == 0, "a tile is whole 64-column panels");
   static_assert(kKeys % kMmaDepth == 0 && kKeys <= 256, "a K/V tile is whole 16-key steps; a TMA box has <= 256 rows");
   static_assert(kStages >= 2, "a pipeline needs a tile in flight while another is computed");
-  static_assert(kConsumers <= kernel::kMaxConsumers, "a named barrier per consumer and turn (kernel/tma_forward.cuh)");
+  static_assert(kConsumers <= kernel::kMaxConsumers, "a named barrier per consumer (kernel/tma_forward.cuh)");
   static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRegisters) <=
                     kThreads * kRegistersAtLaunch,
                 "setmaxnreg can only move registers the block was launched with");
@@ -183,12 +177,11 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 
   // The pieces (kernel/tma_forward.cuh), and the parts of the last round's (split_pieces.cuh).
   const overlap::SplitPieces<T::kSplitLastRound, T::kConsumers> split{split_from, parts};
-  const auto piece_at = [&](int64_t index) {
-    return split.at(index, [&](int64_t whole) {
-      return kernel::piece_at<T::kQueryRows, T::kKeys>(whole, query_tiles, heads_total, q_heads, kv_heads, q_seq,
-                                                       kv_seq, causal);
-    });
+  const auto whole_piece_at = [&](int64_t index) {
+    return kernel::piece_at<T::kQueryRows, T::kKeys>(index, query_tiles, heads_total, q_heads, kv_heads, q_seq, kv_seq,
+                                                     causal);
   };
+  const auto piece_at = [&](int64_t index) { return split.at(index, whole_piece_at); };
 
   // One thread sets up the barriers. A "full" barrier expects one arrival (the producer's, which
   // also announces the bytes to come); "free" expects one arrival from each consumer warp.
@@ -278,20 +271,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     };
     const auto release = [&](uint64_t* free_barrier) { release_to_producer(free_barrier, lane); };
 
-    // Ping-pong (README, "Ping-pong"): the consumer warpgroups take turns to issue their products:
-    // warpgroup c waits at named barrier kTurnBarrier + c (kernel/tma_forward.cuh), issues, and
-    // arrives at the next one's, so that one warpgroup's products run while the others compute their
-    // softmax. The last warpgroup hands the first turn to warpgroup 0 before anything starts;
-    // warpgroup 0 takes the last one handed to it after the last piece, so that no arrival is left at
-    // the barrier when the block exits. Every piece has the same number of tiles for all its
-    // warpgroups, so the turns stay in step.
-    const auto take_turn = [&] {
-      if (T::kPingPong) sync_threads(kTurnBarrier + consumer, 2 * kWarpgroupThreads);
-    };
-    const auto pass_turn = [&] {
-      if (T::kPingPong) arrive_threads(kTurnBarrier + (consumer + 1) % T::kConsumers, 2 * kWarpgroupThreads);
-    };
-    if (consumer == T::kConsumers - 1) pass_turn();
+    // Ping-pong (README, "Ping-pong"): the consumer warpgroups take turns to issue their products
+    // (kernel/tma_forward.cuh).
+    const kernel::Turns<T::kConsumers, T::kPingPong> turn{consumer};
+    turn.open();
 
     int ring_tile = 0;  // the ring tile of the piece's first K/V tile
     int round = 0;
@@ -329,12 +312,12 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       float rescale[2];
       // One turn: S of ring tile r, then O rescaled by the factor of the tile before and its P·V.
       const auto issue_products = [&](int r) {
-        take_turn();
+        turn.take();
         issue_scores_of(r, round);
 #pragma unroll
         for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
         issue_values_of(r - 1);
-        pass_turn();
+        turn.pass();
       };
       const auto issue_round = [&](int tile) {
         issue_products(ring_tile + tile);
@@ -365,9 +348,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         release(&value_free[(r - 1) % T::kStages]);
       };
       if (tiles > 0) {
-        take_turn();
+        turn.take();
         issue_scores_of(ring_tile, round);
-        pass_turn();
+        turn.pass();
         wgmma_wait<0>();
         fence_registers(scores);
         softmax(0, rescale);  // O is still zero: nothing to rescale
@@ -406,11 +389,11 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // now: the producer loads the next piece's Q while this one's last P·V and epilogue run.
       if (Layout::kOutTile) release(&query_free[round % Layout::kQueryBuffers]);
       if (tiles > 0) {
-        take_turn();
+        turn.take();
 #pragma unroll
         for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
         issue_values_of(ring_tile + tiles - 1);
-        pass_turn();
+        turn.pass();
         wgmma_wait<0>();
         fence_registers(out);
         release(&value_free[(ring_tile + tiles - 1) % T::kStages]);
@@ -429,7 +412,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
           lse, piece.query_head, &out_map, o, store_by_copy_engine, query_free);
       index = next_piece<Layout::kQueryBuffers>(index, round, queue, query_full, piece_slots);
     }
-    if (consumer == 0) take_turn();
+    turn.close();
     // The block's shared memory must outlive the copy engine's reads of the last staged O.
     if (store_by_copy_engine && thread == 0) wait_stores_read();
   }

@@ -337,11 +337,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       wgmma_commit();
     };
     const auto release = [&](uint64_t* free_barrier) { release_to_producer(free_barrier, lane); };
-    const auto take_turn = [&] { sync_threads(kTurnBarrier + consumer, 2 * kWarpgroupThreads); };
-    const auto pass_turn = [&] {
-      arrive_threads(kTurnBarrier + (consumer + 1) % T::kConsumers, 2 * kWarpgroupThreads);
-    };
-    if (consumer == T::kConsumers - 1) pass_turn();
+    const kernel::Turns<T::kConsumers> turn{consumer};  // ping-pong, as stage 10 (kernel/tma_forward.cuh)
+    turn.open();
 
     int ring_tile = 0;
     int round = 0;
@@ -395,12 +392,12 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       float rescale[2];
       const auto issue_round = [&](int tile) {
         const int r = ring_tile + tile;
-        take_turn();
+        turn.take();
         issue_scores_of(r);
 #pragma unroll
         for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
         issue_values_of(r - 1);
-        pass_turn();
+        turn.pass();
         wgmma_wait<1>();
         fence_registers(scores);
         softmax(tile, rescale);
@@ -415,9 +412,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         release(&value_free[(r - 1) % T::kStages]);
       };
       if (tiles > 0) {
-        take_turn();
+        turn.take();
         issue_scores_of(ring_tile);
-        pass_turn();
+        turn.pass();
         wgmma_wait<0>();
         fence_registers(scores);
         softmax(0, rescale);
@@ -435,11 +432,11 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       }
       release(query_free);  // every S = Q·Kᵀ of the piece has completed: the next Q may land
       if (tiles > 0) {
-        take_turn();
+        turn.take();
 #pragma unroll
         for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
         issue_values_of(ring_tile + tiles - 1);
-        pass_turn();
+        turn.pass();
         wgmma_wait<0>();
         fence_registers(out);
         release(&value_free[(ring_tile + tiles - 1) % T::kStages]);
@@ -479,7 +476,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
                                                      q_seq, dim, piece.query_head);
       }
     }
-    if (consumer == 0) take_turn();
+    turn.close();
     if (store_by_copy_engine && thread == 0) wait_stores_read();
   }
 #else

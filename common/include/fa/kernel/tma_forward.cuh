@@ -2,12 +2,13 @@
 // computes, its producer loop, a consumer warpgroup's running state, its softmax step and its
 // epilogue (taught in stage 09's README, "The block" and "Causal masking, partial tiles, head dims,
 // general shapes"); the queue and the second Q tile of persistent blocks (stage 10's README,
-// "Persistent blocks"), and the merge of a piece split in parts by its key tiles (stage 10's README,
-// "The last round"). Stages 09 and 10 compose these around their own schedules; stage 14 the piece
-// and the starting state (its 8-bit tiles and descales take a producer and an epilogue of their
-// own). The scalars that are a kernel's parameters (the problem's sizes, `causal`, the scale) are
-// taken by reference, so each is read from the parameter space where it is used, as in the kernels
-// that wrote these pieces out: the machine code the measured rows were taken with stays the same.
+// "Persistent blocks"), the merge of a piece split in parts by its key tiles (stage 10's README,
+// "The last round"), and the consumers' turns of ping-pong (stage 10's README, "Ping-pong").
+// Stages 09 and 10 compose these around their own schedules; stage 14 the piece, the starting state
+// and the turns (its 8-bit tiles and descales take a producer and an epilogue of their own). The
+// scalars that are a kernel's parameters (the problem's sizes, `causal`, the scale) are taken by
+// reference, so each is read from the parameter space where it is used, as in the kernels that
+// wrote these pieces out: the machine code the measured rows were taken with stays the same.
 // sm_90a only (wgmma_walk.cuh).
 #pragma once
 
@@ -168,12 +169,38 @@ __device__ __forceinline__ int64_t next_piece(int64_t index, int round, const in
 }
 
 // Named barriers of a forward block (0 is __syncthreads): kEpilogueBarrier + c, consumer c's epilogue
-// (write_piece_output); kTurnBarrier + c, its turn to issue its products (stage 10's ping-pong).
+// (write_piece_output); kTurnBarrier + c, its turn to issue its products (Turns).
 constexpr int kEpilogueBarrier = 1;
 constexpr int kTurnBarrier = 4;
 constexpr int kMaxConsumers = 3;
 static_assert(kEpilogueBarrier + kMaxConsumers <= kTurnBarrier && kTurnBarrier + kMaxConsumers <= 16,
               "named barriers are 1 .. 15");
+
+// Ping-pong (stage 10's README, "Ping-pong"): the consumer warpgroups take turns to issue their
+// products, so that one warpgroup's products run on the tensor cores while the others compute their
+// softmax. Warpgroup c takes its turn at named barrier kTurnBarrier + c and passes it on by arriving
+// at the next one's. open(): the last warpgroup hands the first turn to warpgroup 0 before anything
+// starts; close(): warpgroup 0 takes the turn handed to it after the last piece, so that no arrival is
+// left at a barrier when the block exits. Every piece has the same number of turns for all its
+// warpgroups, so they stay in step. With kTakeTurns false each issues whenever it is ready.
+template <int kConsumers, bool kTakeTurns = true>
+struct Turns {
+  static_assert(kConsumers <= kMaxConsumers, "a named barrier per consumer and turn");
+  int consumer;
+
+  __device__ __forceinline__ void take() const {
+    if (kTakeTurns) sync_threads(kTurnBarrier + consumer, 2 * kWarpgroupThreads);
+  }
+  __device__ __forceinline__ void pass() const {
+    if (kTakeTurns) arrive_threads(kTurnBarrier + (consumer + 1) % kConsumers, 2 * kWarpgroupThreads);
+  }
+  __device__ __forceinline__ void open() const {
+    if (consumer == kConsumers - 1) pass();
+  }
+  __device__ __forceinline__ void close() const {
+    if (consumer == 0) take();
+  }
+};
 
 // The epilogue of a consumer warpgroup of a block that loops over pieces: O / l staged in its 64 rows of
 // `out_tile` (stage_output_rows; named barrier kEpilogueBarrier + consumer), then stored by TMA or
