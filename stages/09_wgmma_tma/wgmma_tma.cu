@@ -144,21 +144,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   // Shared memory (kernel/forward_layout.cuh): the Q tiles, the O tile (the Q tile where there is
   // none), the ring, the barriers and the piece slots.
   extern __shared__ unsigned char shared_memory[];
-  unsigned char* shared =
-      shared_memory + ((kSwizzleBytes - shared_address(shared_memory) % kSwizzleBytes) % kSwizzleBytes);
-  unsigned char* query_buffers = shared;
-  unsigned char* out_tile = shared + Layout::kOutTileOffset;
-  unsigned char* ring = shared + Layout::kRingOffset;
-  uint64_t* barriers = reinterpret_cast<uint64_t*>(shared + Layout::kBarrierOffset);
-  uint64_t* query_full = barriers;                                             // [kQueryBuffers]
-  uint64_t* query_free = barriers + Layout::kQuerySlots;                       // [kQueryBuffers]
-  uint64_t* key_full = barriers + 2 * Layout::kQuerySlots;                     // [kStages]
-  uint64_t* value_full = barriers + 2 * Layout::kQuerySlots + T::kStages;      // [kStages]
-  uint64_t* key_free = barriers + 2 * Layout::kQuerySlots + 2 * T::kStages;    // [kStages]
-  uint64_t* value_free = barriers + 2 * Layout::kQuerySlots + 3 * T::kStages;  // [kStages]
-  int* piece_slots = reinterpret_cast<int*>(barriers + Layout::kBarriers);     // [kQueryBuffers]
-  const auto key_slot = [&](int slot) { return ring + 2 * slot * Layout::kKvTileBytes; };
-  const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * Layout::kKvTileBytes; };
+  const ForwardShared<Layout> smem(shared_memory);
 
   // The pieces (kernel/tma_forward.cuh).
   const auto piece_at = [&](int64_t index) {
@@ -171,14 +157,14 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   constexpr int kConsumerWarps = T::kConsumers * kWarpgroupThreads / kWarpSize;
   if (threadIdx.x == 0) {
     for (int buffer = 0; buffer < Layout::kQueryBuffers; ++buffer) {
-      barrier_init(&query_full[buffer], 1);
-      barrier_init(&query_free[buffer], kConsumerWarps);
+      barrier_init(&smem.query_full[buffer], 1);
+      barrier_init(&smem.query_free[buffer], kConsumerWarps);
     }
     for (int slot = 0; slot < T::kStages; ++slot) {
-      barrier_init(&key_full[slot], 1);
-      barrier_init(&value_full[slot], 1);
-      barrier_init(&key_free[slot], kConsumerWarps);
-      barrier_init(&value_free[slot], kConsumerWarps);
+      barrier_init(&smem.key_full[slot], 1);
+      barrier_init(&smem.value_full[slot], 1);
+      barrier_init(&smem.key_free[slot], kConsumerWarps);
+      barrier_init(&smem.value_free[slot], kConsumerWarps);
     }
     fence_barrier_init();
   }
@@ -197,9 +183,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       prefetch_tensor_map(&key_map);
       prefetch_tensor_map(&value_map);
       produce_pieces<T::kStages, T::kKeys, Layout::kPanels, Layout::kQueryPanelBytes, Layout::kKvPanelBytes,
-                     Layout::kQueryBuffers>(piece_at, pieces, query_buffers, ring, &query_map, &key_map, &value_map,
-                                            query_full, query_free, key_full, value_full, key_free, value_free, nullptr,
-                                            piece_slots);
+                     Layout::kQueryBuffers>(piece_at, pieces, smem.query_buffers, smem.ring, &query_map, &key_map,
+                                            &value_map, smem.query_full, smem.query_free, smem.key_full,
+                                            smem.value_full, smem.key_free, smem.value_free, nullptr, smem.piece_slots);
     }
   } else {
     // ---- The consumers -----------------------------------------------------------------------
@@ -221,7 +207,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // head dim, the N of P·V): a 16-key step is 16 rows further, and the leading byte offset is the
     // step from one 64-column panel to the next.
     const uint64_t query_descriptor =
-        k_major_descriptor(shared_address(query_buffers) + consumer * kMmaRows * kPanelRowBytes);
+        k_major_descriptor(shared_address(smem.query_buffers) + consumer * kMmaRows * kPanelRowBytes);
 
     // O for the warpgroup's 64 rows in FP32 accumulators (D/2 registers a thread), normalized only
     // at the end. Per thread and row (top: `group`, bottom: `group + 8`) the running max m in log2
@@ -237,10 +223,10 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // overwriting the accumulators.
     // Q from the tile of the block's piece n, n % kQueryBuffers.
     const auto issue_scores_of = [&](int r, int n) {
-      wait_slot_full<T::kStages>(key_full, r);
+      wait_slot_full<T::kStages>(smem.key_full, r);
       issue_scores<Element, kDim, T::kKeys, Layout::kQueryPanelBytes, Layout::kKvPanelBytes>(
           scores, advance_descriptor(query_descriptor, n % Layout::kQueryBuffers * Layout::kQueryTileBytes),
-          k_major_descriptor(shared_address(key_slot(r % T::kStages))));
+          k_major_descriptor(shared_address(smem.key_slot(r % T::kStages))));
     };
     const auto release = [&](uint64_t* free_barrier) { release_to_producer(free_barrier, lane); };
 
@@ -266,7 +252,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
                                row_max, row_sum, rescale, scale_log2);
       };
 
-      barrier_wait(&query_full[round % Layout::kQueryBuffers], (round / Layout::kQueryBuffers) & 1);
+      barrier_wait(&smem.query_full[round % Layout::kQueryBuffers], (round / Layout::kQueryBuffers) & 1);
 
       // A tile at a time: S = Q·Kᵀ, issued asynchronously and waited for (then K's slot is free);
       // its softmax; O rescaled by the new max; once V has landed, O += P·V, waited for (then V's
@@ -279,11 +265,11 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         issue_scores_of(r, round);
         wgmma_wait<0>();
         fence_registers(scores);
-        release(&key_free[r % T::kStages]);
+        release(&smem.key_free[r % T::kStages]);
         softmax(tile, rescale);
 #pragma unroll
         for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
-        wait_slot_full<T::kStages>(value_full, r);
+        wait_slot_full<T::kStages>(smem.value_full, r);
         // EXERCISE BEGIN: P as the register A operand of P·V, then O += P·V with V through its matrix descriptor
         // Score tiles 2j and 2j + 1 hold keys 16j .. 16j + 15 of this thread's two rows, exactly
         // where wgmma's register A fragment wants them (the layout of stage 08's mma.m16n8k16 A, per
@@ -301,7 +287,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         // a 16-key step starts 16 rows (2048 bytes) further; the leading byte offset steps from one
         // 64-dim panel of V to the next.
         const uint64_t value_descriptor =
-            matrix_descriptor(shared_address(value_slot(r % T::kStages)), Layout::kKvPanelBytes, kSwizzleBytes);
+            matrix_descriptor(shared_address(smem.value_slot(r % T::kStages)), Layout::kKvPanelBytes, kSwizzleBytes);
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < kKeySteps; ++j) {
@@ -312,7 +298,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         wgmma_wait<0>();
         fence_registers(out);
         // EXERCISE END
-        release(&value_free[r % T::kStages]);
+        release(&smem.value_free[r % T::kStages]);
       }
       ring_tile += tiles;
 
@@ -321,8 +307,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // none (no longer read by anyone: its last wgmma has completed), then written out
       // (kernel/tma_forward.cuh).
       write_piece_output<Element, kDim, Layout::kPanels, Layout::kQueryPanelBytes, !Layout::kOutTile>(
-          out, row_max, row_sum, out_tile, consumer, thread, warp, lane, group, quad, consumer_first_row, q_seq, dim,
-          lse, piece.query_head, &out_map, o, store_by_copy_engine, query_free);
+          out, row_max, row_sum, smem.out_tile, consumer, thread, warp, lane, group, quad, consumer_first_row, q_seq,
+          dim, lse, piece.query_head, &out_map, o, store_by_copy_engine, smem.query_free);
     }
     // The block's shared memory must outlive the copy engine's reads of the last staged O.
     if (store_by_copy_engine && thread == 0) wait_stores_read();

@@ -157,23 +157,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   // Shared memory (kernel/forward_layout.cuh): the Q tiles, the O tile (the Q tile where there is
   // none), the ring, the barriers and the piece slots.
   extern __shared__ unsigned char shared_memory[];
-  unsigned char* shared =
-      shared_memory + ((kSwizzleBytes - shared_address(shared_memory) % kSwizzleBytes) % kSwizzleBytes);
-  unsigned char* query_buffers = shared;
-  unsigned char* out_tile = shared + Layout::kOutTileOffset;
-  unsigned char* ring = shared + Layout::kRingOffset;
-  uint64_t* barriers = reinterpret_cast<uint64_t*>(shared + Layout::kBarrierOffset);
-  uint64_t* query_full = barriers;                                             // [kQueryBuffers]
-  uint64_t* query_free = barriers + Layout::kQuerySlots;                       // [kQueryBuffers]
-  uint64_t* key_full = barriers + 2 * Layout::kQuerySlots;                     // [kStages]
-  uint64_t* value_full = barriers + 2 * Layout::kQuerySlots + T::kStages;      // [kStages]
-  uint64_t* key_free = barriers + 2 * Layout::kQuerySlots + 2 * T::kStages;    // [kStages]
-  uint64_t* value_free = barriers + 2 * Layout::kQuerySlots + 3 * T::kStages;  // [kStages]
-  int* piece_slots = reinterpret_cast<int*>(barriers + Layout::kBarriers);     // [kQueryBuffers]
+  const ForwardShared<Layout> smem(shared_memory);
   // The queue only where the blocks are persistent (launch); elsewhere the code for it is not built.
   int* queue = Layout::kOutTile ? piece_counter : nullptr;
-  const auto key_slot = [&](int slot) { return ring + 2 * slot * Layout::kKvTileBytes; };
-  const auto value_slot = [&](int slot) { return ring + (2 * slot + 1) * Layout::kKvTileBytes; };
 
   // The pieces (kernel/tma_forward.cuh), and the parts of the last round's (split_pieces.cuh).
   const overlap::SplitPieces<T::kSplitLastRound, T::kConsumers> split{split_from, parts};
@@ -188,14 +174,14 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   constexpr int kConsumerWarps = T::kConsumers * kWarpgroupThreads / kWarpSize;
   if (threadIdx.x == 0) {
     for (int buffer = 0; buffer < Layout::kQueryBuffers; ++buffer) {
-      barrier_init(&query_full[buffer], 1);
-      barrier_init(&query_free[buffer], kConsumerWarps);
+      barrier_init(&smem.query_full[buffer], 1);
+      barrier_init(&smem.query_free[buffer], kConsumerWarps);
     }
     for (int slot = 0; slot < T::kStages; ++slot) {
-      barrier_init(&key_full[slot], 1);
-      barrier_init(&value_full[slot], 1);
-      barrier_init(&key_free[slot], kConsumerWarps);
-      barrier_init(&value_free[slot], kConsumerWarps);
+      barrier_init(&smem.key_full[slot], 1);
+      barrier_init(&smem.value_full[slot], 1);
+      barrier_init(&smem.key_free[slot], kConsumerWarps);
+      barrier_init(&smem.value_free[slot], kConsumerWarps);
     }
     fence_barrier_init();
   }
@@ -214,9 +200,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       prefetch_tensor_map(&key_map);
       prefetch_tensor_map(&value_map);
       produce_pieces<T::kStages, T::kKeys, Layout::kPanels, Layout::kQueryPanelBytes, Layout::kKvPanelBytes,
-                     Layout::kQueryBuffers>(piece_at, pieces, query_buffers, ring, &query_map, &key_map, &value_map,
-                                            query_full, query_free, key_full, value_full, key_free, value_free, queue,
-                                            piece_slots);
+                     Layout::kQueryBuffers>(piece_at, pieces, smem.query_buffers, smem.ring, &query_map, &key_map,
+                                            &value_map, smem.query_full, smem.query_free, smem.key_full,
+                                            smem.value_full, smem.key_free, smem.value_free, queue, smem.piece_slots);
     }
   } else {
     // ---- The consumers -----------------------------------------------------------------------
@@ -238,7 +224,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // head dim, the N of P·V): a 16-key step is 16 rows further, and the leading byte offset is the
     // step from one 64-column panel to the next.
     const uint64_t query_descriptor =
-        k_major_descriptor(shared_address(query_buffers) + consumer * kMmaRows * kPanelRowBytes);
+        k_major_descriptor(shared_address(smem.query_buffers) + consumer * kMmaRows * kPanelRowBytes);
 
     // O for the warpgroup's 64 rows in FP32 accumulators (D/2 registers a thread), normalized only
     // at the end. Per thread and row (top: `group`, bottom: `group + 8`) the running max m in log2
@@ -258,16 +244,16 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // overwriting the accumulators.
     // Q from the tile of the block's piece n, n % kQueryBuffers.
     const auto issue_scores_of = [&](int r, int n) {
-      wait_slot_full<T::kStages>(key_full, r);
+      wait_slot_full<T::kStages>(smem.key_full, r);
       issue_scores<Element, kDim, T::kKeys, Layout::kQueryPanelBytes, Layout::kKvPanelBytes>(
           scores, advance_descriptor(query_descriptor, n % Layout::kQueryBuffers * Layout::kQueryTileBytes),
-          k_major_descriptor(shared_address(key_slot(r % T::kStages))));
+          k_major_descriptor(shared_address(smem.key_slot(r % T::kStages))));
     };
     // O += P·V of ring tile r, P in registers as the A operand, V through its matrix descriptor.
     const auto issue_values_of = [&](int r) {
-      wait_slot_full<T::kStages>(value_full, r);
+      wait_slot_full<T::kStages>(smem.value_full, r);
       issue_values<Element, kDim>(
-          out, probs, mn_major_descriptor<Layout::kKvPanelBytes>(shared_address(value_slot(r % T::kStages))));
+          out, probs, mn_major_descriptor<Layout::kKvPanelBytes>(shared_address(smem.value_slot(r % T::kStages))));
     };
     const auto release = [&](uint64_t* free_barrier) { release_to_producer(free_barrier, lane); };
 
@@ -298,7 +284,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
                                row_max, row_sum, rescale, scale_log2);
       };
 
-      barrier_wait(&query_full[round % Layout::kQueryBuffers], (round / Layout::kQueryBuffers) & 1);
+      barrier_wait(&smem.query_full[round % Layout::kQueryBuffers], (round / Layout::kQueryBuffers) & 1);
 
       // The schedule (README, "Overlap inside a warpgroup"). Stage 09 waited for O += P·V of a tile
       // before it started the next tile's S = Q·Kᵀ. Here round t (issue_round) issues S of tile t,
@@ -344,8 +330,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 #pragma unroll
           for (int i = 0; i < 4; ++i) probs[j][i] = __byte_perm(next_probs[j][i], 0, 0x1032);
         }
-        release(&key_free[r % T::kStages]);
-        release(&value_free[(r - 1) % T::kStages]);
+        release(&smem.key_free[r % T::kStages]);
+        release(&smem.value_free[(r - 1) % T::kStages]);
       };
       if (tiles > 0) {
         turn.take();
@@ -355,7 +341,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         fence_registers(scores);
         softmax(0, rescale);  // O is still zero: nothing to rescale
         pack_probabilities<Element>(scores, probs);
-        release(&key_free[ring_tile % T::kStages]);
+        release(&smem.key_free[ring_tile % T::kStages]);
       }
       // Without the overlap (D = 64): a round issues S of tile t and P·V of tile t - 1 as above, then
       // waits for both before the softmax of tile t, which writes P in place.
@@ -368,8 +354,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         fence_registers(probs);
         softmax(tile, rescale);
         pack_probabilities<Element>(scores, probs);
-        release(&key_free[r % T::kStages]);
-        release(&value_free[(r - 1) % T::kStages]);
+        release(&smem.key_free[r % T::kStages]);
+        release(&smem.value_free[(r - 1) % T::kStages]);
       };
       if constexpr (T::kOverlap) {
         if (tiles > 1) {
@@ -387,7 +373,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       }
       // Every S = Q·Kᵀ of the piece has completed. With an O tile of its own the Q tile is free
       // now: the producer loads the next piece's Q while this one's last P·V and epilogue run.
-      if (Layout::kOutTile) release(&query_free[round % Layout::kQueryBuffers]);
+      if (Layout::kOutTile) release(&smem.query_free[round % Layout::kQueryBuffers]);
       if (tiles > 0) {
         turn.take();
 #pragma unroll
@@ -396,7 +382,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         turn.pass();
         wgmma_wait<0>();
         fence_registers(out);
-        release(&value_free[(ring_tile + tiles - 1) % T::kStages]);
+        release(&smem.value_free[(ring_tile + tiles - 1) % T::kStages]);
       }
       ring_tile += tiles;
 
@@ -408,9 +394,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // none (no longer read by anyone: its last wgmma has completed), then written out
       // (kernel/tma_forward.cuh).
       write_piece_output<Element, kDim, Layout::kPanels, Layout::kQueryPanelBytes, !Layout::kOutTile>(
-          out, row_max, row_sum, out_tile, consumer, thread, warp, lane, group, quad, first_row_to_write, q_seq, dim,
-          lse, piece.query_head, &out_map, o, store_by_copy_engine, query_free);
-      index = next_piece<Layout::kQueryBuffers>(index, round, queue, query_full, piece_slots);
+          out, row_max, row_sum, smem.out_tile, consumer, thread, warp, lane, group, quad, first_row_to_write, q_seq,
+          dim, lse, piece.query_head, &out_map, o, store_by_copy_engine, smem.query_free);
+      index = next_piece<Layout::kQueryBuffers>(index, round, queue, smem.query_full, smem.piece_slots);
     }
     turn.close();
     // The block's shared memory must outlive the copy engine's reads of the last staged O.
