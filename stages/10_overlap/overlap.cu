@@ -19,7 +19,7 @@
 // its group's K/V head: a TMA coordinate), Nq != Nk, any N >= 1, and the log-sum-exp. Head dims
 // 1 .. 256 in the buckets of Tiling; a head dim that is not a multiple of 8 cannot be described to
 // TMA (a row's byte stride must be a multiple of 16), so those inputs are first copied into a
-// padded workspace (README, "Causal masking, partial tiles, head dims, general shapes").
+// padded workspace (stage 09's README, "Causal masking, partial tiles, head dims, general shapes").
 //
 // The device helpers stage 09 teaches live in fa/kernel/: tma.cuh (tensor maps and bulk tensor
 // copies), mbarrier.cuh (the barrier with a transaction count), wgmma.cuh (wgmma, its matrix
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     const int quad = lane % 4;
     const int diagonal = 1 + kv_seq - q_seq;
 
-    // The matrix descriptors (README, "The matrix descriptor"). In a 128-byte-swizzled panel, row r
+    // The matrix descriptors (stage 09's README, "The matrix descriptor"). In a 128-byte-swizzled panel, row r
     // of a tile is 128 bytes at r·128, and 8 rows (1024 bytes) are one swizzle period: the stride
     // byte offset. A 16-dim step of a K-major operand (Q or K) is 32 bytes further along the row,
     // and a new panel every four steps. V is read MN-major (its rows are keys, contiguous along the
@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     };
     const auto release = [&](uint64_t* free_barrier) { release_to_producer(free_barrier, lane); };
 
-    // Ping-pong (README, "Ping-pong"): the consumer warpgroups take turns to issue their products
+    // Ping-pong (README, "The schedule"): the consumer warpgroups take turns to issue their products
     // (kernel/tma_forward.cuh).
     const kernel::Turns<T::kConsumers, T::kPingPong> turn{consumer};
     turn.open();
@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 
       barrier_wait(&smem.query_full[round % Layout::kQueryBuffers], (round / Layout::kQueryBuffers) & 1);
 
-      // The schedule (README, "Overlap inside a warpgroup"). Stage 09 waited for O += P·V of a tile
+      // The schedule (README, "The schedule"). Stage 09 waited for O += P·V of a tile
       // before it started the next tile's S = Q·Kᵀ. Here round t (issue_round) issues S of tile t,
       // rescales O by the factor of tile t - 1 (so that nothing reads O after the wait) and issues
       // P·V of tile t - 1; it waits for S alone (wait_group 1: P·V may still run) and computes tile

@@ -3,7 +3,7 @@
 // epilogue (taught in stage 09's README, "The block" and "Causal masking, partial tiles, head dims,
 // general shapes"); the queue and the second Q tile of persistent blocks (stage 10's README,
 // "Persistent blocks"), the merge of a piece split in parts by its key tiles (stage 10's README,
-// "The last round"), and the consumers' turns of ping-pong (stage 10's README, "Ping-pong").
+// "The last round"), and the consumers' turns of ping-pong (stage 10's README, "The schedule").
 // Stages 09 and 10 compose these around their own schedules; stage 14 the piece, the starting state
 // and the turns (its 8-bit tiles and descales take a producer and an epilogue of their own). The
 // scalars that are a kernel's parameters (the problem's sizes, `causal`, the scale) are taken by
@@ -176,7 +176,7 @@ constexpr int kMaxConsumers = 3;
 static_assert(kEpilogueBarrier + kMaxConsumers <= kTurnBarrier && kTurnBarrier + kMaxConsumers <= 16,
               "named barriers are 1 .. 15");
 
-// Ping-pong (stage 10's README, "Ping-pong"): the consumer warpgroups take turns to issue their
+// Ping-pong (stage 10's README, "The schedule"): the consumer warpgroups take turns to issue their
 // products, so that one warpgroup's products run on the tensor cores while the others compute their
 // softmax. Warpgroup c takes its turn at named barrier kTurnBarrier + c and passes it on by arriving
 // at the next one's. open(): the last warpgroup hands the first turn to warpgroup 0 before anything

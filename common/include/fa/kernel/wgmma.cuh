@@ -47,7 +47,7 @@ __device__ __forceinline__ void sync_threads(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// The other half of a named barrier (taught in stage 10's README, "Ping-pong"): counts this warp's
+// The other half of a named barrier (taught in stage 10's README, "The schedule"): counts this warp's
 // threads toward barrier `id` and runs on without waiting. A barrier of `threads` opens when the
 // threads that wait at it (sync_threads) and those that only arrive add up to `threads`.
 __device__ __forceinline__ void arrive_threads(int id, int threads) {
