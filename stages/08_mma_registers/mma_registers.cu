@@ -23,7 +23,7 @@
 // skips the K/V tiles above the diagonal and masks only the tiles that cross it, and the general
 // shapes of the second part of the course: grouped-query heads (several query heads read one K/V
 // head), Nq != Nk with the causal mask aligned bottom-right, and the per-row log-sum-exp that the
-// backward pass needs (README, "General shapes and the log-sum-exp").
+// backward pass needs (README, "The rest of the kernel").
 //
 // The device helpers this stage teaches or reuses live in fa/kernel/: mma.cuh (ldmatrix and
 // mma.sync), swizzle.cuh (the swizzle) and tile_copy.cuh (a tile's copy into it), taught in this
@@ -95,8 +95,8 @@ constexpr int kOtherRegisters = 32;
 // Everything that sizes the kernel of one head-dim bucket (64, 96, 128, 192 or 256). Change one
 // constant and the rest follows; the static_asserts say when a choice cannot work. What bounds
 // each choice is the register file: per lane, O takes kDim / 2 FP32 registers for every 16-row
-// strip, S kKeys / 2, Q (when it stays in registers) kDim / 4; 255 at most (README, "One tile
-// per head dim").
+// strip, S kKeys / 2, Q (when it stays in registers) kDim / 4; 255 at most (README, "The rest
+// of the kernel").
 template <int kDim, bool kExactDim>
 struct Tiling {
   // Above D = 128 one strip's O alone is 96 or 128 registers: a warp keeps one 16-row strip, and

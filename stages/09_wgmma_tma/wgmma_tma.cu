@@ -106,7 +106,7 @@ struct Tiling {
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   static constexpr int kQueryRows = kConsumers * kMmaRows;  // Br
   // The shared memory (kernel/forward_layout.cuh): one Q tile, in which O is staged too (stage 10
-  // has an O tile and a second Q tile where they fit: README, "Persistent blocks"), then the ring of
+  // has an O tile and a second Q tile where they fit: its README, "Persistent blocks"), then the ring of
   // kStages x (K tile, V tile), the barriers and the piece slot.
   using Layout = kernel::ForwardLayout<kDim, kQueryRows, kKeys, kStages, false>;
 

@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // It computes addresses and waits on barriers: 24 registers a thread are plenty. The registers
     // it gives back let the consumers grow (to 240 a thread; 160 with three consumers). It loads
     // each piece's Q, then its K/V tiles into the ring, each slot once the consumers have freed it
-    // (kernel/tma_forward.cuh, README "The block").
+    // (kernel/tma_forward.cuh; stage 09's README, "The block").
     release_registers<T::kProducerRegisters>();
     if (threadIdx.x == 0) {
       prefetch_tensor_map(&query_map);

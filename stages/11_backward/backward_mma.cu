@@ -252,7 +252,7 @@ enum class Stored { by_row, by_depth };
 // kRowTiles × kColTiles FP32 accumulator tiles of mma.m16n8k16; `a` and `b` say where the operands
 // lie (above). Per 16-deep step each A fragment is loaded once and serves every column tile, each
 // pair of B tiles once and serves every row tile: the larger the warp's share, the fewer bytes
-// read per product. Lane patterns (stage 08's README, "ldmatrix"): "A rows", lane l reads row
+// read per product. Lane patterns (stage 08's README, "The fragments"): "A rows", lane l reads row
 // l % 16, 8-column chunk l / 16; "B rows", row (l / 16)·8 + l % 8, chunk (l / 8) % 2. A by_row and
 // B by_depth use "A rows", the others "B rows"; by_depth operands are transposed on load.
 template <typename Element, Stored kA, Stored kB, int kRowTiles, int kColTiles, int kDepth, typename OperandA,

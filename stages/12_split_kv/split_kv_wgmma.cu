@@ -8,7 +8,7 @@
 // the whole tile: S = Q·Kᵀ as kDim/16 wgmma with Q and K read from shared memory through matrix
 // descriptors, then O += P·V as 4 wgmma with P from registers (stage 09's two products), in stage
 // 10's order: a tile's S issued with the previous tile's P·V (ptxas places the wait for that P·V
-// before the softmax, as in stage 10: README, "Where the time goes"). The split, the masks, the
+// before the softmax, as in stage 10: README, "On Hopper: the 64 rows are one wgmma"). The split, the masks, the
 // online softmax and the partial outputs are split_kv.cu's (split_kv_device.cuh); the tile layout
 // changes, to the 128-byte-swizzled 64-column panels that wgmma's descriptors read, and the ring's
 // copies stay cp.async, so no tensor map is built per call (README, "On Hopper: the 64 rows are one
@@ -146,8 +146,8 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
   }
 
   // Tile `tile` lands: each thread waits for its copies and fences them, ordinary (generic-proxy)
-  // writes to shared memory that wgmma reads through the async proxy (stage 09's README, "The
-  // fence.proxy.async rule"); then the barrier, past which every thread has waited for the P·V of
+  // writes to shared memory that wgmma reads through the async proxy (stage 09's README,
+  // "setmaxnreg and the fence.proxy.async rule"); then the barrier, past which every thread has waited for the P·V of
   // tile - 2, so its slot may take tile + kStages - 2.
   const auto tile_landed = [&]() {
     wait_copies<T::kStages - 3>();
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
   // cores together, then the refill's copies, then the softmax of the tile, written to run while
   // P·V still does; only then does the warpgroup wait for P·V, rescale O by the new max and pack P.
   // (ptxas 13.0 hoists that wait above the softmax's exponentials: the copies are what overlaps
-  // the tensor cores. README, "Where the time goes".)
+  // the tensor cores. README, "On Hopper: the 64 rows are one wgmma".)
   if (keys.tiles > 0) {
     float rescale[2];
     tile_landed();

@@ -1,5 +1,5 @@
 // Whether a backward pass makes dQ bitwise the same from run to run (taught in stage 11's README,
-// "Deterministic dQ"; stage 13 orders its additions the same way). It is a choice of each call:
+// "Who owns what"; stage 13 orders its additions the same way). It is a choice of each call:
 // the C ABI takes it from fa_backward_args.deterministic, a stage's executable from
 // FA_DETERMINISTIC=1 in its environment. BackwardArgs (stage.hpp) belongs to the harness that
 // measures every stage, so the choice reaches stages 11 and 13 as a setting of the calling thread

@@ -1,4 +1,4 @@
-// Ampere's asynchronous copies, global -> shared (taught in stage 07's README, "cp.async").
+// Ampere's asynchronous copies, global -> shared (taught in stage 07's README, "The pipeline").
 // sm_80 and newer: a stage that includes this guards its device code with __CUDA_ARCH__ >= 800.
 #pragma once
 

@@ -1,4 +1,4 @@
-// 2^x on the special-function unit (taught in stage 06's README, "The exponential").
+// 2^x on the special-function unit (taught in stage 06's README, "What changed from stage 05").
 #pragma once
 
 namespace fa::kernel {
@@ -13,7 +13,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 constexpr float kLog2e = 1.4426950408889634f;
 // The log-sum-exp leaves log2 units: ln x = log2 x · ln 2 (taught in stage 08's README,
-// "General shapes and the log-sum-exp").
+// "The rest of the kernel").
 constexpr float kLn2 = 0.6931471805599453f;
 
 }  // namespace fa::kernel

@@ -84,7 +84,7 @@ __device__ __forceinline__ WorkItem work_item(int64_t work, int64_t query_tiles,
 }
 
 // The key/value head that query head `query_head` (= b·Hq + h) reads: b·Hkv + h / (Hq / Hkv), the
-// rule of Problem::kv_head_of, on the device (taught in stage 08's README, "General shapes"). A
+// rule of Problem::kv_head_of, on the device (taught in stage 08's README, "The rest of the kernel"). A
 // group's query heads are consecutive, so the blocks in flight under either order above share a
 // few K/V heads. Computed once per block, in unsigned 32-bit arithmetic (B·Hq <= 2^20,
 // problem.hpp), a few instructions where a 64-bit division takes dozens.

@@ -1,4 +1,4 @@
-// The warp-level tensor-core instructions in PTX (taught in stage 08's README, "mma.sync").
+// The warp-level tensor-core instructions in PTX (taught in stage 08's README, "The fragments").
 // sm_80 and newer (BF16 needs sm_80): a stage that includes this guards its device code with
 // __CUDA_ARCH__ >= 800.
 #pragma once

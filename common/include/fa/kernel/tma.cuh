@@ -1,7 +1,7 @@
 // The tensor memory accelerator (TMA): tensor maps built on the host, bulk tensor copies between
-// global and shared memory on the device (taught in stage 09's README, "The tensor map: box and
-// swizzle" and "The fence.proxy.async rule"). Copies to shared memory need sm_90; the stage that
-// includes this guards its device code accordingly.
+// global and shared memory on the device (taught in stage 09's README, "The 128-byte swizzle
+// and the tensor map" and "setmaxnreg and the fence.proxy.async rule"). Copies to shared memory need sm_90; the stage
+// that includes this guards its device code accordingly.
 //
 // A tensor map (CUtensorMap, 128 bytes) describes a tensor in global memory (base address, sizes,
 // byte strides), the box one copy moves, and how the box is laid out in shared memory (here the

@@ -1,5 +1,5 @@
 // The host side of a Hopper stage that reads Q, K and V with TMA (taught in stage 09's README,
-// "The tensor map: box and swizzle" and "Causal masking, partial tiles, head dims, general shapes"):
+// "The 128-byte swizzle and the tensor map" and "Causal masking, partial tiles, head dims, general shapes"):
 // the padded copies a head dim that is not a multiple of 8 needs (and the workspace they take), the
 // four tensor maps of Q, K, V and O, and the stage descriptor these stages share. Stages 09 and 10
 // (and every later TMA stage) compose it; each keeps its own kernel and launch.
