@@ -9,6 +9,8 @@
 // of spill. On a GPU that is not sm_90 every GPU test case here reports skipped.
 #include <cuda_runtime.h>
 
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <tuple>
 
@@ -124,6 +126,36 @@ TEST_CASE("stage10: the last round's pieces split in parts and merged, with the 
                    << ", parts " << parts);
         fa::test::check_stage_on(
             stage, fa::random_inputs(fa::Problem{1, heads, kv_heads, q_seq, keys, dim, false}, seed++), 0, true);
+      }
+    }
+  }
+}
+
+// The lazy rescale (README, "The lazy rescale"): the running max moves only when a tile's row max
+// passes it by more than 2^8. Keys whose scores climb, 0.04 a key in log2 units and 12 more every
+// 300 keys, make the max pass it by less than the slack on some tiles (m stays, p grows up to 256)
+// and by more on others (m moves, O is rescaled), in every bucket (D = 64, whose max is not lazy,
+// as a check of the plain one), causal or not, with the log-sum-exp; every row checked.
+TEST_CASE("stage10: a running max that grows by less than the lazy rescale's slack and by more") {
+  for (const auto factory : {fa::stages::overlap_fp16, fa::stages::overlap_bf16}) {
+    const fa::StageDescriptor stage = factory();
+    fa::test::require_stage_runnable(stage);
+    uint64_t seed = 1020;
+    for (const int64_t dim : {64, 128, 192, 256}) {
+      for (const bool causal : {false, true}) {
+        fa::Inputs inputs = fa::random_inputs(fa::Problem{1, 2, 2, 300, 1000, dim, causal}, seed++);
+        const double scale_log2 = fa::softmax_scale(inputs.problem) / std::log(2.0);  // log2 e = 1 / ln 2
+        for (float& value : inputs.q) value = 1.0f + 0.05f * value;
+        for (int64_t row = 0; row < 2 * 1000; ++row) {
+          const int64_t key = row % 1000;
+          const double climb = 0.04 * static_cast<double>(key) + 12.0 * static_cast<double>(key / 300);
+          for (int64_t d = 0; d < dim; ++d) {
+            float& value = inputs.k[static_cast<std::size_t>(row * dim + d)];
+            value = static_cast<float>(climb / (scale_log2 * static_cast<double>(dim))) + 0.02f * value;
+          }
+        }
+        INFO("D " << dim << (causal ? ", causal" : ""));
+        fa::test::check_stage_on(stage, inputs, 0, true);
       }
     }
   }

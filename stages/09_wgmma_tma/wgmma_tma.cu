@@ -26,9 +26,9 @@
 // its group's K/V head: a TMA coordinate), Nq != Nk, any N >= 1, and the log-sum-exp. Head dims
 // 1 .. 256 in the buckets of Tiling; a head dim that is not a multiple of 8 cannot be described to
 // TMA (a row's byte stride must be a multiple of 16), so those inputs are first copied into a
-// padded workspace (README, "Causal masking, partial tiles, head dims, general shapes").
+// padded workspace (stage 09's README, "Causal masking, partial tiles, head dims, general shapes").
 //
-// The device helpers this stage teaches live in fa/kernel/: tma.cuh (tensor maps and bulk tensor
+// The device helpers stage 09 teaches live in fa/kernel/: tma.cuh (tensor maps and bulk tensor
 // copies), mbarrier.cuh (the barrier with a transaction count), wgmma.cuh (wgmma, its matrix
 // descriptors, setmaxnreg), and the frame every Hopper stage composes: tma_ring.cuh (the ring),
 // wgmma_walk.cuh (the descriptor walk), tma_forward.cuh (the producer loop, the softmax step, the
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     // It computes addresses and waits on barriers: 24 registers a thread are plenty. The registers
     // it gives back let the consumers grow (to 240 a thread; 160 with three consumers). It loads
     // each piece's Q, then its K/V tiles into the ring, each slot once the consumers have freed it
-    // (kernel/tma_forward.cuh, README "The block").
+    // (kernel/tma_forward.cuh; stage 09's README, "The block").
     release_registers<T::kProducerRegisters>();
     if (threadIdx.x == 0) {
       prefetch_tensor_map(&query_map);
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     const int quad = lane % 4;
     const int diagonal = 1 + kv_seq - q_seq;
 
-    // The matrix descriptors (README, "The matrix descriptor"). In a 128-byte-swizzled panel, row r
+    // The matrix descriptors (stage 09's README, "The matrix descriptor"). In a 128-byte-swizzled panel, row r
     // of a tile is 128 bytes at r·128, and 8 rows (1024 bytes) are one swizzle period: the stride
     // byte offset. A 16-dim step of a K-major operand (Q or K) is 32 bytes further along the row,
     // and a new panel every four steps. V is read MN-major (its rows are keys, contiguous along the

@@ -39,7 +39,6 @@
 
 #include "fa/causal.hpp"
 #include "fa/cuda_check.hpp"
-#include "fa/device.hpp"
 #include "fa/kernel/accumulator_softmax.cuh"
 #include "fa/kernel/forward_layout.cuh"
 #include "fa/kernel/launch_order.cuh"
@@ -53,8 +52,7 @@
 #include "fa/problem.hpp"
 #include "fa/stage.hpp"
 #include "fa_source_hash.h"
-#include "last_round.hpp"
-#include "split_pieces.cuh"
+#include "piece_order.cuh"
 
 // wgmma and setmaxnreg exist only in the sm_90a target (the 'a' is for "architecture-specific":
 // code built for it runs on compute capability 9.0 and nothing else). CMake builds this stage for
@@ -68,11 +66,6 @@
 
 namespace fa::stages {
 namespace {
-
-using overlap::kMaxParts;
-using overlap::kMaxSplitPieces;
-using overlap::LastRound;
-using overlap::plan_last_round;
 
 using kernel::kMmaColumns;
 using kernel::kMmaDepth;
@@ -108,6 +101,9 @@ struct Tiling {
   // Ping-pong (false: each consumer issues whenever it is ready, as in stage 09: README's ablation).
   static constexpr bool kPingPong = true;
   static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
+  // The lazy rescale (README, "The lazy rescale"): m moves only when a tile's max passes it by more than
+  // 2^8 (P stays at or below 256); a warp whose rows all kept their max skips O's rescale. Not at D = 64.
+  static constexpr int kSlackLog2 = kOverlap ? 8 : 0;
 
   static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
   static constexpr int kQueryRows = kConsumers * kMmaRows;  // Br
@@ -130,8 +126,9 @@ struct Tiling {
                 "setmaxnreg can only move registers the block was launched with");
 };
 
-// A block computes pieces blockIdx.x, blockIdx.x + gridDim.x, ... (`pieces` in all), or, given
-// `piece_counter`, those of the queue (launch; README, "Persistent blocks").
+// A block computes pieces blockIdx.x, blockIdx.x + gridDim.x, ... (`pieces` in all): the launch
+// starts one block per SM, or, under the causal mask, they take their pieces from a queue (`order`:
+// piece_order.cuh; README, "Persistent blocks").
 // One piece: Br = 64 · kConsumers query rows of one (batch, query head). Threads 0-127 are the
 // producer warpgroup (thread 0 issues every copy, the rest have nothing to do), the next
 // 128 · kConsumers threads the consumer warpgroups, 64 rows each. The tensor maps describe Q and O
@@ -139,15 +136,11 @@ struct Tiling {
 // one); `o` and `dim` are for the element-by-element output path. `lse` (B, Hq, Nq) may be null.
 template <typename Element, int kDim>
 __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
-    overlapped_attention_kernel(const __grid_constant__ CUtensorMap query_map,
-                                const __grid_constant__ CUtensorMap key_map,
-                                const __grid_constant__ CUtensorMap value_map,
-                                const __grid_constant__ CUtensorMap out_map, Element* __restrict__ o,
-                                float* __restrict__ lse, int q_seq, int kv_seq, int dim, int query_tiles, int q_heads,
-                                int kv_heads, int heads_total, int pieces, int* __restrict__ piece_counter,
-                                int split_from, int parts, float* __restrict__ part_states,
-                                int* __restrict__ part_arrivals, bool causal, bool store_by_copy_engine,
-                                float scale_log2) {
+    wgmma_attention_kernel(const __grid_constant__ CUtensorMap query_map, const __grid_constant__ CUtensorMap key_map,
+                           const __grid_constant__ CUtensorMap value_map, const __grid_constant__ CUtensorMap out_map,
+                           Element* __restrict__ o, float* __restrict__ lse, int q_seq, int kv_seq, int dim,
+                           int query_tiles, int q_heads, int kv_heads, int heads_total, const overlap::PieceOrder order,
+                           bool causal, bool store_by_copy_engine, float scale_log2) {
 #if FA_SM90A_DEVICE_CODE
   using T = Tiling<kDim>;
   using Layout = typename T::Layout;
@@ -158,11 +151,12 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
   // none), the ring, the barriers and the piece slots.
   extern __shared__ unsigned char shared_memory[];
   const ForwardShared<Layout> smem(shared_memory);
-  // The queue only where the blocks are persistent (launch); elsewhere the code for it is not built.
-  int* queue = Layout::kOutTile ? piece_counter : nullptr;
+  // The queue only where the blocks are persistent (piece_order.cuh); elsewhere its code is not built.
+  int* queue = Layout::kOutTile ? order.queue : nullptr;
+  const int pieces = order.pieces;
 
   // The pieces (kernel/tma_forward.cuh), and the parts of the last round's (split_pieces.cuh).
-  const overlap::SplitPieces<T::kSplitLastRound, T::kConsumers> split{split_from, parts};
+  const overlap::SplitPieces<T::kSplitLastRound, T::kConsumers> split{order.split_from, order.parts};
   const auto whole_piece_at = [&](int64_t index) {
     return kernel::piece_at<T::kQueryRows, T::kKeys>(index, query_tiles, heads_total, q_heads, kv_heads, q_seq, kv_seq,
                                                      causal);
@@ -280,8 +274,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       // row (e >= 2); the mask only where the tile reaches past the keys every row sees
       // (kernel/tma_forward.cuh).
       const auto softmax = [&](int tile, float(&rescale)[2]) {
-        softmax_step<T::kKeys>(scores, (piece.first_tile + tile) * T::kKeys, piece.unmasked_keys, quad, key_limit,
-                               row_max, row_sum, rescale, scale_log2);
+        softmax_step<T::kKeys, T::kSlackLog2>(scores, (piece.first_tile + tile) * T::kKeys, piece.unmasked_keys, quad,
+                                              key_limit, row_max, row_sum, rescale, scale_log2);
       };
 
       barrier_wait(&smem.query_full[round % Layout::kQueryBuffers], (round / Layout::kQueryBuffers) & 1);
@@ -300,8 +294,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       const auto issue_products = [&](int r) {
         turn.take();
         issue_scores_of(r, round);
-#pragma unroll
-        for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
+        rescale_output<T::kSlackLog2>(out, rescale);
         issue_values_of(r - 1);
         turn.pass();
       };
@@ -376,8 +369,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       if (Layout::kOutTile) release(&smem.query_free[round % Layout::kQueryBuffers]);
       if (tiles > 0) {
         turn.take();
-#pragma unroll
-        for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
+        rescale_output<T::kSlackLog2>(out, rescale);
         issue_values_of(ring_tile + tiles - 1);
         turn.pass();
         wgmma_wait<0>();
@@ -388,7 +380,8 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 
       // ---- The epilogue ----------------------------------------------------------------------
       // The parts of a split piece merge (split_pieces.cuh); only the last to arrive writes the rows.
-      const bool writes = split.merge(index, out, row_max, row_sum, part_states, part_arrivals, consumer, thread);
+      const bool writes =
+          split.merge(index, out, row_max, row_sum, order.part_states, order.part_arrivals, consumer, thread);
       const int first_row_to_write = writes ? consumer_first_row : q_seq;  // from q_seq: none
       // O / l staged in this warpgroup's own 64 rows of the O tile, or of the Q tile where there is
       // none (no longer read by anyone: its last wgmma has completed), then written out
@@ -407,88 +400,20 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
 #endif
 }
 
-// The workspace: stage 09's padded copies of Q, K and V where D is not a multiple of 8, then, 16-byte
-// aligned, under the causal mask the queue's counter; without it, where pieces may be split (D <= 64
-// or > 128, more than one K/V tile), a counter of arrivals per split piece and consumer, then their
-// states.
-int64_t queue_offset(const Problem& problem) {
-  return (kernel::tma_workspace_bytes(problem, Pass::forward) + 15) / 16 * 16;
-}
-
-struct SplitSpace {
-  int64_t arrivals;       // ints
-  int64_t states_offset;  // bytes from the workspace's start
-  int64_t state_floats;
-  int64_t bytes() const { return states_offset + state_floats * 4; }
-};
-
-template <int kDim>
-SplitSpace split_space(const Problem& problem) {
-  using T = Tiling<kDim>;
-  const int64_t pieces = (problem.q_seq + T::kQueryRows - 1) / T::kQueryRows * problem.q_heads_total();
-  const int64_t split_pieces = T::kSplitLastRound && problem.kv_seq > T::kKeys ? std::min(pieces, kMaxSplitPieces) : 0;
-  const int64_t arrivals = split_pieces * T::kConsumers;
-  return {arrivals, queue_offset(problem) + (arrivals * 4 + 15) / 16 * 16,
-          arrivals * kMaxParts * kernel::kPartStateFloats<kDim> * kWarpgroupThreads};
-}
-
-int64_t workspace_bytes(const Problem& problem, Pass pass) {
-  if (problem.causal) return queue_offset(problem) + 16;
-  const int64_t bytes = kernel::tma_workspace_bytes(problem, pass);
-  if (problem.dim <= 64) return std::max(bytes, split_space<64>(problem).bytes());
-  if (problem.dim <= 128) return bytes;
-  return std::max(bytes, problem.dim <= 192 ? split_space<192>(problem).bytes() : split_space<256>(problem).bytes());
-}
-
 template <typename Element, int kDim>
 Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
   using T = Tiling<kDim>;
   const Problem& problem = args.problem;
   kernel::AttentionMaps maps;
   FA_STATUS_TRY(kernel::encode_attention_maps<Element>(args, inputs, T::kQueryRows, T::kKeys, &maps));
-  const auto kernel = &overlapped_attention_kernel<Element, kDim>;
+  const auto kernel = &wgmma_attention_kernel<Element, kDim>;
   FA_STATUS_TRY(opt_in_shared_memory(kernel, T::Layout::kBytes));
   const int64_t query_tiles = (problem.q_seq + T::kQueryRows - 1) / T::kQueryRows;
   const int64_t pieces = query_tiles * problem.q_heads_total();
   FA_STATUS_TRY(check_grid(pieces));
-  // Persistent blocks, one per SM (a block takes an SM's shared memory), each looping over pieces,
-  // where O has a tile of its own. Under the causal mask the pieces differ in weight, and a fixed
-  // round-robin balances them worse than the hardware starting one block per piece on whichever SM
-  // frees first (README, "Persistent blocks"): there the blocks take their pieces from a queue, a
-  // counter in the workspace zeroed here (without a workspace, one block per piece). At D = 192 and
-  // 256 the next Q has to wait for the epilogue anyway: one block per piece, and each loops once.
-  int* piece_counter = nullptr;
-  if (T::Layout::kOutTile && problem.causal && args.workspace != nullptr) {
-    piece_counter = reinterpret_cast<int*>(static_cast<unsigned char*>(args.workspace) + queue_offset(problem));
-    FA_CUDA_TRY(cudaMemsetAsync(piece_counter, 0, sizeof(int), args.stream));
-  }
-  const bool persistent = T::Layout::kOutTile && (!problem.causal || piece_counter != nullptr);
-  LastRound last_round{pieces, 1};
-  const SplitSpace split = split_space<kDim>(problem);
-  float* part_states = nullptr;
-  int* part_arrivals = nullptr;
-  int multiprocessors = 0;
-  if (persistent || T::kSplitLastRound) {
-    int device = 0;
-    FA_CUDA_TRY(cudaGetDevice(&device));
-    FA_STATUS_TRY(multiprocessor_count(device, &multiprocessors));
-  }
-  // Without the mask the pieces are alike: the last round's may be split (README, "The last round").
-  // Blocks one per piece run in rounds too: as many at once as there are SMs.
-  if (!problem.causal && split.arrivals > 0 && args.workspace != nullptr) {
-    const int64_t tiles = (problem.kv_seq + T::kKeys - 1) / T::kKeys;
-    last_round = plan_last_round(pieces, tiles, multiprocessors);
-  }
-  if (last_round.parts > 1) {
-    unsigned char* workspace = static_cast<unsigned char*>(args.workspace);
-    part_arrivals = reinterpret_cast<int*>(workspace + queue_offset(problem));
-    part_states = reinterpret_cast<float*>(workspace + split.states_offset);
-    const int64_t arrivals = (pieces - last_round.split_from) * T::kConsumers;
-    FA_CUDA_TRY(cudaMemsetAsync(part_arrivals, 0, static_cast<std::size_t>(arrivals) * 4, args.stream));
-  }
-  const int64_t blocks =
-      persistent ? std::min<int64_t>(last_round.units(pieces), multiprocessors) : last_round.units(pieces);
-  FA_STATUS_TRY(check_grid(last_round.units(pieces)));
+  overlap::PieceOrder order;
+  int64_t blocks = 0;
+  FA_STATUS_TRY((overlap::plan_pieces<Tiling, kDim>(problem, pieces, args.workspace, args.stream, &order, &blocks)));
   const float scale_log2 = softmax_scale(problem) * kernel::kLog2e;
   // Every count below fits an int: the runner has checked the problem against validate_problem's
   // limits (B·Hq <= 2^20, N <= 2^24) and the pieces against 2^31 - 1.
@@ -496,9 +421,7 @@ Status launch(const ForwardArgs& args, const kernel::TmaInputs& inputs) {
       maps.query, maps.key, maps.value, maps.out, static_cast<Element*>(args.o), args.lse,
       static_cast<int>(problem.q_seq), static_cast<int>(problem.kv_seq), static_cast<int>(problem.dim),
       static_cast<int>(query_tiles), static_cast<int>(problem.q_heads), static_cast<int>(problem.kv_heads),
-      static_cast<int>(problem.q_heads_total()), static_cast<int>(last_round.units(pieces)), piece_counter,
-      static_cast<int>(last_round.split_from), last_round.parts, part_states, part_arrivals, problem.causal,
-      inputs.store_by_copy_engine, scale_log2);
+      static_cast<int>(problem.q_heads_total()), order, problem.causal, inputs.store_by_copy_engine, scale_log2);
   FA_LAUNCH_TRY();
   return Status();
 }
@@ -515,9 +438,8 @@ Status forward(const ForwardArgs& args) {
 }
 
 StageDescriptor describe(Precision precision, ForwardFn forward_function, const char* title) {
-  StageDescriptor stage = kernel::describe_tma_stage("10_overlap", precision, forward_function, title, FA_SOURCE_HASH);
-  stage.workspace_bytes = &workspace_bytes;
-  return stage;
+  return kernel::describe_tma_stage("10_overlap", precision, forward_function, title, FA_SOURCE_HASH,
+                                    &overlap::workspace_bytes<Tiling>);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Stage 10's last round on the device (README, "The last round"): the parts a split piece is computed
-// in and their merge. The host's plan of the parts is last_round.hpp's; overlap.cu's launch sizes the
-// grid.
+// in and their merge. The host's plan of the parts is last_round.hpp's; piece_order.cuh's sizes the
+// grid and the workspace.
 #pragma once
 
 #include <cstdint>

@@ -34,7 +34,10 @@ __device__ __forceinline__ void mask_scores(float (&scores)[4 * kTiles], int til
 // One tile's step: the tile's row max over the four threads of each row, the new running max m,
 // `rescale` = 2^(m_old − m_new) for O and l, then p = 2^(s · scale · log2 e − m) in place of s,
 // added into this thread's share of l. The caller rescales O (when and where its schedule says).
-template <int kTiles>
+// With kSlackLog2 > 0 the max is lazy (FlashAttention-4's; stage 10's README, "The lazy rescale"):
+// m moves only when the tile's max passes it by more than kSlackLog2, so p stays at or below 2^kSlackLog2
+// and, while no row moves, `rescale` is exactly 1 and O need not be touched.
+template <int kTiles, int kSlackLog2 = 0>
 __device__ __forceinline__ void online_softmax(float (&scores)[4 * kTiles], float (&row_max)[2], float (&row_sum)[2],
                                                float (&rescale)[2], float scale_log2) {
 #pragma unroll
@@ -46,9 +49,16 @@ __device__ __forceinline__ void online_softmax(float (&scores)[4 * kTiles], floa
     }
     tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullWarp, tile_max, 2));
-    const float new_max = fmaxf(row_max[half], tile_max * scale_log2);
-    rescale[half] = fast_exp2(row_max[half] - new_max);
-    row_max[half] = new_max;
+    if constexpr (kSlackLog2 == 0) {
+      const float new_max = fmaxf(row_max[half], tile_max * scale_log2);
+      rescale[half] = fast_exp2(row_max[half] - new_max);
+      row_max[half] = new_max;
+    } else {
+      const float tile_max_log2 = tile_max * scale_log2;
+      const bool moves = tile_max_log2 > row_max[half] + kSlackLog2;
+      rescale[half] = moves ? fast_exp2(row_max[half] - tile_max_log2) : 1.0f;
+      if (moves) row_max[half] = tile_max_log2;
+    }
     row_sum[half] *= rescale[half];
   }
 #pragma unroll
@@ -56,6 +66,15 @@ __device__ __forceinline__ void online_softmax(float (&scores)[4 * kTiles], floa
     scores[i] = fast_exp2(fmaf(scores[i], scale_log2, -row_max[i % 4 / 2]));
     row_sum[i % 4 / 2] += scores[i];
   }
+}
+
+// O rescaled by the factor of its rows (element i of a thread's accumulators is row i % 4 / 2). With
+// a lazy max (kSlackLog2 > 0) a warp whose rows all kept their max skips the multiplies.
+template <int kSlackLog2, int kElements>
+__device__ __forceinline__ void rescale_output(float (&out)[kElements], const float (&rescale)[2]) {
+  if (kSlackLog2 > 0 && __all_sync(kFullWarp, rescale[0] == 1.0f && rescale[1] == 1.0f)) return;
+#pragma unroll
+  for (int i = 0; i < kElements; ++i) out[i] *= rescale[i % 4 / 2];
 }
 
 // P as the A operand of P·V in registers: score tiles 2j and 2j + 1 hold keys 16j .. 16j + 15 of

@@ -79,13 +79,13 @@ __device__ __forceinline__ void start_rows(float (&out)[kDim / 2], float (&row_m
 // The online softmax on S of the K/V tile whose first key is `key_base` (accumulator_softmax.cuh):
 // the mask only where the tile reaches past the keys every row sees (the diagonal, the partial last
 // tile: its zero-filled keys must weigh nothing, so -inf, never 0), the new running max, the factor
-// O must be rescaled by, P = exp2(S - m) in place, and the running sums.
-template <int kKeys, typename KeyLimit>
+// O must be rescaled by, P = exp2(S - m) in place, and the running sums (the max lazy by kSlackLog2).
+template <int kKeys, int kSlackLog2 = 0, typename KeyLimit>
 __device__ __forceinline__ void softmax_step(float (&scores)[kKeys / 2], int key_base, int unmasked_keys, int quad,
                                              KeyLimit key_limit, float (&row_max)[2], float (&row_sum)[2],
                                              float (&rescale)[2], const float& scale_log2) {
   if (key_base + kKeys > unmasked_keys) mask_scores<kKeys / kMmaColumns>(scores, key_base, quad, key_limit);
-  online_softmax<kKeys / kMmaColumns>(scores, row_max, row_sum, rescale, scale_log2);
+  online_softmax<kKeys / kMmaColumns, kSlackLog2>(scores, row_max, row_sum, rescale, scale_log2);
 }
 
 // The producer thread of a block that loops over pieces: blockIdx.x, blockIdx.x + gridDim.x, ...

@@ -137,16 +137,18 @@ Status encode_attention_maps(const ForwardArgs& args, const TmaInputs& inputs, u
 }
 
 // The descriptor of a TMA stage: sm_90a (wgmma and setmaxnreg; TMA and mbarrier's byte count need
-// sm_90), every feature of the forward pass, head dims 1 .. 256, the padded copies' workspace.
+// sm_90), every feature of the forward pass, head dims 1 .. 256, the padded copies' workspace (or a
+// stage's own that holds them: `workspace_function`).
 inline StageDescriptor describe_tma_stage(const char* id, Precision precision, ForwardFn forward_function,
-                                          const char* title, const char* source_hash) {
+                                          const char* title, const char* source_hash,
+                                          WorkspaceFn workspace_function = &tma_workspace_bytes) {
   StageDescriptor stage;
   stage.id = id;
   stage.title = title;
   stage.backend = Backend::cuda;
   stage.precision = precision;
   stage.forward = forward_function;
-  stage.workspace_bytes = &tma_workspace_bytes;
+  stage.workspace_bytes = workspace_function;
   stage.max_dim = kTmaMaxDim;
   stage.architecture = {90, true};
   stage.features.causal = true;
