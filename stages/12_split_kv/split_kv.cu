@@ -391,10 +391,9 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
     online_softmax<kScoreTiles>(scores, row_max, row_sum, rescale, scale_log2);
     unsigned probs[kKeySteps][4];
     pack_probabilities<Element, kKeySteps>(scores, probs);
-#pragma unroll
-    for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
+    kernel::rescale_output<0>(out, rescale);
 
-      // O += P V.
+    // O += P V.
 #pragma unroll
     for (int j = 0; j < kKeySteps; ++j) {
 #pragma unroll

@@ -215,8 +215,7 @@ __global__ void __launch_bounds__(WgmmaTiling<kDim>::kThreads)
     wgmma_wait<0>();  // P·V of the last tile is done: O is whole, and P is free
     fence_registers(out);
     fence_registers(probs);
-#pragma unroll
-    for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
+    kernel::rescale_output<0>(out, rescale);
     kernel::pack_probabilities<Element>(scores, probs);
   }
   if (keys.tiles > 0) {
