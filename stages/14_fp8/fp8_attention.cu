@@ -394,8 +394,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
         const int r = ring_tile + tile;
         turn.take();
         issue_scores_of(r);
-#pragma unroll
-        for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
+        rescale_output<0>(out, rescale);
         issue_values_of(r - 1);
         turn.pass();
         wgmma_wait<1>();
@@ -433,8 +432,7 @@ __global__ void __launch_bounds__(Tiling<kDim>::kThreads, 1)
       release(query_free);  // every S = Q·Kᵀ of the piece has completed: the next Q may land
       if (tiles > 0) {
         turn.take();
-#pragma unroll
-        for (int i = 0; i < kDim / 2; ++i) out[i] *= rescale[i % 4 / 2];
+        rescale_output<0>(out, rescale);
         issue_values_of(ring_tile + tiles - 1);
         turn.pass();
         wgmma_wait<0>();
